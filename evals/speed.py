@@ -1,0 +1,156 @@
+"""Speed benchmark: target alone, transformers' assisted generation and prompt lookup, and semverify's.
+
+All methods run greedy in one process, on the same GSM8K prompts, in an order that alternates per
+prompt. Speed is reported as medians of per-prompt ratios against the target alone in the same run.
+Rows are appended to ``rows.jsonl`` as they finish, so a killed run resumes where it stopped.
+
+    python -m evals.speed --limit 10 --max-new-tokens 128 --out results/speed
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from semverify import generate, load_model
+from semverify.models import DEFAULT_DRAFT, DEFAULT_TARGET
+
+from .env import environment
+from .gsm8k_data import DEFAULT_DEV, chat_prompt, load_problems
+
+METHODS = ("target", "hf_assisted", "semverify_sd", "hf_assisted_q8", "semverify_sd_q8", "hf_pld", "semverify_pld")
+
+
+def run_method(name: str, target, drafts: dict, ids: torch.LongTensor, args) -> tuple[torch.LongTensor, dict]:
+    """Decode ``ids`` greedily with one method; returns the new tokens and the method's statistics.
+
+    ``drafts`` holds the draft model as loaded (``"plain"``) and int8-quantized (``"q8"``); methods
+    ending in ``_q8`` use the latter, for transformers and semverify alike.
+    """
+    common = dict(do_sample=False, max_new_tokens=args.max_new_tokens)
+    draft = drafts["q8" if name.endswith("_q8") else "plain"]
+    name = name.removesuffix("_q8")
+    if name == "target":
+        out, stats = target.generate(ids, **common), None
+    elif name == "hf_assisted":
+        out, stats = target.generate(ids, assistant_model=draft, **common), None
+    elif name == "hf_pld":
+        out, stats = target.generate(ids, prompt_lookup_num_tokens=args.pld_tokens, **common), None
+    elif name == "semverify_sd":
+        res = generate(target, ids, assistant_model=draft, num_assistant_tokens=args.k,
+                       return_dict_in_generate=True, **common)
+        out, stats = res.sequences, res.spec_stats.to_dict()
+    elif name == "semverify_pld":
+        res = generate(target, ids, prompt_lookup_num_tokens=args.pld_tokens, return_dict_in_generate=True, **common)
+        out, stats = res.sequences, res.spec_stats.to_dict()
+    else:
+        raise ValueError(f"unknown method {name!r}; choose from {', '.join(METHODS)}")
+    return out[0, ids.shape[1]:], stats
+
+
+def summarise(rows: list[dict], methods: list[str]) -> dict:
+    """Median tok/s, median per-prompt speed ratio vs the target alone, tau, alpha, identical outputs."""
+    by = {(r["id"], r["method"]): r for r in rows}
+    ids = sorted({r["id"] for r in rows if all((r["id"], m) in by for m in methods)})
+    out = {}
+    for m in methods:
+        rs = [by[(i, m)] for i in ids]
+        ratio = [by[(i, m)]["tok_s"] / by[(i, "target")]["tok_s"] for i in ids]
+        out[m] = {
+            "prompts": len(rs),
+            "tok_s_median": statistics.median(r["tok_s"] for r in rs),
+            "speedup_vs_target_median": statistics.median(ratio),
+            "identical_to_target": sum(by[(i, m)]["tokens"] == by[(i, "target")]["tokens"] for i in ids),
+            "tau": _mean([r["stats"]["tau"] for r in rs if r.get("stats")]),
+            "alpha": _mean([r["stats"]["alpha"] for r in rs if r.get("stats")]),
+        }
+    for ours, theirs in (("semverify_sd", "hf_assisted"), ("semverify_sd_q8", "hf_assisted_q8"),
+                         ("semverify_pld", "hf_pld")):
+        if ours in out and theirs in out:
+            out[ours][f"speedup_vs_{theirs}_median"] = statistics.median(
+                by[(i, ours)]["tok_s"] / by[(i, theirs)]["tok_s"] for i in ids)
+    return out
+
+
+def _mean(xs: list[float]) -> float | None:
+    return sum(xs) / len(xs) if xs else None
+
+
+def markdown(summary: dict, env: dict) -> str:
+    lines = [f"Speed, greedy, {env['dtype']}, {env['target']} <- {env['draft']}, {env['max_new_tokens']} new tokens, "
+             f"{env['date'][:10]}, {env['cpu']} ({env['torch_threads']} threads)", "",
+             "| method | prompts | tok/s (median) | speedup vs target (median) | vs transformers | tau | alpha | identical to target |",
+             "|---|---|---|---|---|---|---|---|"]
+    for m, s in summary.items():
+        vs = next((f"{v:.2f}x" for k, v in s.items() if k.startswith("speedup_vs_hf")), "")
+        tau = f"{s['tau']:.2f}" if s["tau"] is not None else ""
+        alpha = f"{s['alpha']:.2f}" if s["alpha"] is not None else ""
+        lines.append(f"| {m} | {s['prompts']} | {s['tok_s_median']:.2f} | {s['speedup_vs_target_median']:.2f}x | "
+                     f"{vs} | {tau} | {alpha} | {s['identical_to_target']}/{s['prompts']} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--target", default=DEFAULT_TARGET)
+    p.add_argument("--draft", default=DEFAULT_DRAFT)
+    p.add_argument("--data", default=str(DEFAULT_DEV))
+    p.add_argument("--limit", type=int, default=10)
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--k", type=int, default=5, help="semverify draft tokens per step")
+    p.add_argument("--pld-tokens", type=int, default=10, help="prompt lookup tokens per step (both libraries)")
+    p.add_argument("--methods", default=",".join(METHODS))
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--out", default="results/speed")
+    args = p.parse_args(argv)
+
+    methods = args.methods.split(",")
+    unknown = set(methods) - set(METHODS)
+    if unknown or "target" not in methods:
+        p.error(f"--methods must include 'target' and only use {', '.join(METHODS)}")
+    problems = load_problems(args.data, args.limit)
+    torch.set_num_threads(args.threads)
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rows_path = out_dir / "rows.jsonl"
+    done = {(r["id"], r["method"]) for r in map(json.loads, rows_path.open())} if rows_path.exists() else set()
+
+    target, tokenizer = load_model(args.target, dtype=args.dtype)
+    drafts = {"plain": load_model(args.draft, dtype=args.dtype)[0]}
+    if any(m.endswith("_q8") for m in methods):
+        drafts["q8"] = load_model(args.draft, quantize="int8")[0]
+    env = environment(target=args.target, draft=args.draft, dtype=args.dtype, max_new_tokens=args.max_new_tokens,
+                      k=args.k, pld_tokens=args.pld_tokens, limit=args.limit, prompt="chat zero-shot, Final Answer")
+    warm = tokenizer("Warm up.", return_tensors="pt").input_ids
+    for m in methods:  # first calls pay one-off allocation costs
+        run_method(m, target, drafts, warm, argparse.Namespace(**{**vars(args), "max_new_tokens": 8}))
+
+    todo = [(prob, m) for prob in problems for m in (methods if prob["id"] % 2 == 0 else methods[::-1])
+            if (prob["id"], m) not in done]
+    with rows_path.open("a") as sink:
+        for prob, m in tqdm(todo, desc="speed", unit="run"):
+            ids = tokenizer(chat_prompt(tokenizer, prob["question"]), return_tensors="pt").input_ids
+            start = time.perf_counter()
+            new, stats = run_method(m, target, drafts, ids, args)
+            wall = time.perf_counter() - start
+            row = {"id": prob["id"], "method": m, "new_tokens": len(new), "wall_s": wall,
+                   "tok_s": len(new) / wall, "tokens": new.tolist(), "stats": stats}
+            sink.write(json.dumps(row) + "\n")
+            sink.flush()
+
+    rows = [json.loads(line) for line in rows_path.open()]
+    summary = summarise(rows, methods)
+    (out_dir / "summary.json").write_text(json.dumps({"environment": env, "summary": summary}, indent=2))
+    (out_dir / "summary.md").write_text(markdown(summary, env))
+    print(markdown(summary, env))
+
+
+if __name__ == "__main__":
+    main()

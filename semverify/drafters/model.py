@@ -1,0 +1,55 @@
+"""A small language model as drafter, with its own KV cache rolled back to the accepted prefix."""
+
+from __future__ import annotations
+
+import torch
+from transformers import PreTrainedModel
+
+from ..cache import keep_first, new_cache
+from ..sampling import Sampler, sample_from
+from ..types import Draft
+
+
+class ModelDrafter:
+    """Drafts k tokens autoregressively with ``model``, sampling through the loop's sampler.
+
+    ``confidence_threshold`` stops a draft early once the draft's top probability falls below it
+    (transformers' ``assistant_confidence_threshold`` idea): unlikely tokens waste draft forwards.
+    """
+
+    gives_probs = True
+    needs_target_hidden = False
+
+    def __init__(self, model: PreTrainedModel, confidence_threshold: float | None = None) -> None:
+        if confidence_threshold is not None and not 0.0 <= confidence_threshold < 1.0:
+            raise ValueError(f"confidence_threshold must be in [0, 1), got {confidence_threshold}")
+        self.model = model
+        self.confidence_threshold = confidence_threshold
+        self.cache = None
+        self._draft_start = 0
+
+    def reset(self, input_ids: torch.LongTensor) -> None:
+        self.cache = new_cache(self.model, role="draft model")
+
+    def propose(
+        self, input_ids: torch.LongTensor, k: int, sampler: Sampler, generator: torch.Generator | None
+    ) -> Draft:
+        self._draft_start = input_ids.shape[1]
+        feed = input_ids[:, self.cache.get_seq_length() :]
+        tokens, probs = [], []
+        for _ in range(k):
+            logits = self.model(input_ids=feed, cache=self.cache, use_cache=True, logits_to_keep=1).logits[:, -1]
+            q = sampler.probs(logits)
+            token = sample_from(q, generator) if sampler.do_sample else logits.argmax(dim=-1)
+            tokens.append(token)
+            probs.append(q)
+            feed = token[:, None]
+            if self.confidence_threshold is not None and float(q.max()) < self.confidence_threshold:
+                break
+        if not tokens:
+            return Draft.empty(input_ids.shape[0], input_ids.device)
+        return Draft(tokens=torch.stack(tokens, dim=1), probs=torch.stack(probs, dim=1))
+
+    def commit(self, n_accepted: int, next_token: torch.LongTensor, target_hidden=None) -> None:
+        # The cache holds the prefix plus all draft tokens but the last; keep the accepted ones only.
+        keep_first(self.cache, min(self.cache.get_seq_length(), self._draft_start + n_accepted))

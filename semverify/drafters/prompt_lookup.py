@@ -1,0 +1,48 @@
+"""Prompt lookup decoding: propose what followed an earlier occurrence of the current n-gram suffix."""
+
+from __future__ import annotations
+
+import torch
+
+from ..types import Draft
+
+
+class PromptLookupDrafter:
+    """n-gram lookup in the prompt and the text generated so far (Saxena 2023; transformers' PLD).
+
+    Tries suffixes of ``max_ngram_size`` tokens down to 1 and copies up to k tokens that followed a
+    match: the earliest match (``prefer="first"``, as transformers) or the latest (``"recent"``).
+    Deterministic, so its q is one-hot (``probs=None``). A draft stops after an EOS token.
+    """
+
+    gives_probs = False
+    needs_target_hidden = False
+
+    def __init__(self, max_ngram_size: int = 2, prefer: str = "first", eos_token_id: int | list[int] | None = None):
+        if max_ngram_size < 1:
+            raise ValueError(f"max_ngram_size must be >= 1, got {max_ngram_size}")
+        if prefer not in ("first", "recent"):
+            raise ValueError(f"prefer must be 'first' or 'recent', got {prefer!r}")
+        self.max_ngram_size = max_ngram_size
+        self.prefer = prefer
+        self.eos = torch.tensor([eos_token_id] if isinstance(eos_token_id, int) else (eos_token_id or []))
+
+    def reset(self, input_ids: torch.LongTensor) -> None:
+        pass
+
+    def propose(self, input_ids: torch.LongTensor, k: int, sampler=None, generator=None) -> Draft:
+        seq = input_ids[0]
+        for n in range(min(self.max_ngram_size, len(seq) - 1), 0, -1):
+            windows = seq[:-1].unfold(0, n, 1)  # every n-gram that ends before the last token
+            hits = (windows == seq[-n:]).all(dim=-1).nonzero().flatten()
+            if len(hits):
+                start = int(hits[0] if self.prefer == "first" else hits[-1]) + n
+                cont = seq[start : start + k]
+                stops = torch.isin(cont, self.eos.to(cont.device)).nonzero()
+                if len(stops):
+                    cont = cont[: int(stops[0]) + 1]
+                return Draft(tokens=cont[None, :].clone())
+        return Draft.empty(1, input_ids.device)
+
+    def commit(self, n_accepted, next_token, target_hidden=None) -> None:
+        pass

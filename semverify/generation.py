@@ -1,0 +1,149 @@
+"""``semverify.generate``: the ``model.generate`` signature, decoded by the speculative loop."""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import torch
+from transformers import GenerationConfig, PreTrainedModel
+from transformers.generation.utils import GenerateDecoderOnlyOutput
+
+from .drafters import Drafter, ModelDrafter, NoDrafter, PromptLookupDrafter
+from .loop import speculative_generate
+from .rules import AcceptanceRule, get_rule
+from .sampling import Sampler
+from .stats import SpecStats
+
+DEFAULT_NUM_DRAFT_TOKENS = 5
+
+# transformers' defaults for the fields semverify reads when a config leaves them unset.
+_DEFAULTS = {
+    "do_sample": False, "temperature": 1.0, "top_k": 50, "top_p": 1.0, "max_length": 20,
+    "assistant_confidence_threshold": 0.4, "max_matching_ngram_size": 2,
+}
+# Logits processors and search modes the loop does not apply yet, with their neutral values.
+_UNSUPPORTED = {
+    "num_beams": (None, 1), "num_return_sequences": (None, 1), "repetition_penalty": (None, 1.0),
+    "no_repeat_ngram_size": (None, 0), "min_new_tokens": (None, 0), "min_length": (None, 0),
+    "typical_p": (None, 1.0), "min_p": (None,), "epsilon_cutoff": (None, 0.0), "eta_cutoff": (None, 0.0),
+    "bad_words_ids": (None,), "sequence_bias": (None,), "suppress_tokens": (None,),
+    "begin_suppress_tokens": (None,), "forced_bos_token_id": (None,), "forced_eos_token_id": (None,),
+    "output_scores": (None, False), "output_logits": (None, False), "output_attentions": (None, False),
+    "output_hidden_states": (None, False), "guidance_scale": (None, 1.0),
+}
+
+
+@dataclass
+class SpecGenerateOutput(GenerateDecoderOnlyOutput):
+    """transformers' decoder-only output plus the call's :class:`SpecStats`."""
+
+    spec_stats: SpecStats | None = None
+
+
+def generate(
+    model: PreTrainedModel,
+    inputs: torch.LongTensor | None = None,
+    *,
+    acceptance: str | AcceptanceRule = "speculative",
+    assistant_model: PreTrainedModel | None = None,
+    drafter: Drafter | None = None,
+    num_assistant_tokens: int | None = None,
+    prompt_lookup_num_tokens: int | None = None,
+    generation_config: GenerationConfig | None = None,
+    streamer=None,
+    tokenizer=None,
+    assistant_tokenizer=None,
+    attention_mask: torch.Tensor | None = None,
+    generator: torch.Generator | None = None,
+    **kwargs,
+) -> torch.LongTensor | SpecGenerateOutput:
+    """Decode like ``model.generate`` (batch 1), verifying drafts with the ``acceptance`` rule.
+
+    The drafter is ``assistant_model`` (a small model), prompt lookup when
+    ``prompt_lookup_num_tokens`` is set, a custom ``drafter``, or none (one target token per step).
+    ``num_assistant_tokens`` is the draft length k (default 5). Sampling settings, ``max_new_tokens``
+    and ``eos_token_id`` come from ``kwargs`` and ``generation_config`` as in transformers. Returns the
+    sequences, or with ``return_dict_in_generate=True`` a :class:`SpecGenerateOutput` whose
+    ``spec_stats`` holds the call's statistics. Random draws use ``generator`` or one seeded from
+    torch's global RNG, so ``torch.manual_seed`` makes sampled runs repeatable.
+    """
+    input_ids = kwargs.pop("input_ids", None) if inputs is None else inputs
+    if input_ids is None:
+        raise ValueError("pass the prompt token ids as inputs or input_ids")
+    if attention_mask is not None and not bool(attention_mask.all()):
+        raise NotImplementedError("attention_mask with padding is not supported (batch size 1 needs none)")
+    config = copy.deepcopy(generation_config if generation_config is not None else model.generation_config)
+    unused = config.update(**kwargs)
+    if unused:
+        raise TypeError(f"generate() got unexpected keyword arguments: {', '.join(sorted(unused))}")
+    _refuse_unsupported(config)
+
+    drafter, k = _pick_drafter(
+        model, assistant_model, drafter, num_assistant_tokens, prompt_lookup_num_tokens,
+        config, tokenizer, assistant_tokenizer,
+    )
+    sampler = Sampler(*(_setting(config, name) for name in ("do_sample", "temperature", "top_k", "top_p")))
+    max_new = config.max_new_tokens
+    if max_new is None:
+        max_new = _setting(config, "max_length") - input_ids.shape[1]
+    if generator is None:
+        generator = torch.Generator(device=input_ids.device).manual_seed(int(torch.randint(2**62, (1,))))
+    if streamer is not None:
+        streamer.put(input_ids.cpu())
+    sequences, stats = speculative_generate(
+        model, input_ids, drafter=drafter, rule=get_rule(acceptance), num_draft_tokens=k,
+        max_new_tokens=max_new, sampler=sampler, eos_token_id=config.eos_token_id,
+        generator=generator, streamer=streamer,
+    )
+    if config.return_dict_in_generate:
+        return SpecGenerateOutput(sequences=sequences, spec_stats=stats)
+    return sequences
+
+
+def _setting(config: GenerationConfig, name: str):
+    """A config field, or transformers' default for it when the config leaves it unset."""
+    value = getattr(config, name, None)
+    return _DEFAULTS.get(name) if value is None else value
+
+
+def _refuse_unsupported(config: GenerationConfig) -> None:
+    bad = [f"{name}={getattr(config, name)!r}" for name, neutral in _UNSUPPORTED.items()
+           if getattr(config, name, None) not in neutral]
+    if bad:
+        raise NotImplementedError(
+            f"semverify.generate does not apply {', '.join(bad)} yet; pass neutral values to decode without them"
+        )
+
+
+def _pick_drafter(model, assistant_model, drafter, num_assistant_tokens, prompt_lookup_num_tokens,
+                  config, tokenizer, assistant_tokenizer) -> tuple[Drafter, int]:
+    chosen = [name for name, v in (("assistant_model", assistant_model), ("drafter", drafter),
+              ("prompt_lookup_num_tokens", prompt_lookup_num_tokens)) if v is not None]
+    if len(chosen) > 1:
+        raise ValueError(f"pass only one way to draft, got {' and '.join(chosen)}")
+    if num_assistant_tokens is not None and num_assistant_tokens < 1:
+        raise ValueError(f"num_assistant_tokens must be >= 1, got {num_assistant_tokens}")
+    k = num_assistant_tokens or DEFAULT_NUM_DRAFT_TOKENS
+    if assistant_model is not None:
+        check_same_vocabulary(model, assistant_model, tokenizer, assistant_tokenizer)
+        return ModelDrafter(assistant_model, _setting(config, "assistant_confidence_threshold")), k
+    if prompt_lookup_num_tokens is not None:
+        if prompt_lookup_num_tokens < 1:
+            raise ValueError(f"prompt_lookup_num_tokens must be >= 1, got {prompt_lookup_num_tokens}")
+        ngram = _setting(config, "max_matching_ngram_size")
+        return PromptLookupDrafter(ngram, eos_token_id=config.eos_token_id), prompt_lookup_num_tokens
+    return (drafter or NoDrafter()), k
+
+
+def check_same_vocabulary(target, assistant, tokenizer=None, assistant_tokenizer=None) -> None:
+    """Refuse a draft model whose token ids do not mean the same as the target's."""
+    v_t = target.config.get_text_config().vocab_size
+    v_d = assistant.config.get_text_config().vocab_size
+    if v_t != v_d:
+        raise ValueError(
+            f"assistant_model has a vocabulary of {v_d} tokens but the target has {v_t}; speculative "
+            "decoding here needs the same tokenizer and vocabulary for both models"
+        )
+    if tokenizer is not None and assistant_tokenizer is not None and tokenizer.get_vocab() != assistant_tokenizer.get_vocab():
+        raise ValueError("assistant_tokenizer differs from tokenizer: the two models must share one vocabulary")

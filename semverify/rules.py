@@ -1,0 +1,184 @@
+"""Acceptance rules: pure functions of tensors that decide how much of a draft to keep.
+
+A rule maps a :class:`VerifyInput` (draft tokens, draft q, target logits for the k+1 positions) to a
+:class:`Verdict` (accepted count and the one token that follows). Rules never touch a model, so they
+are tested on hand-built tensors; the loop is the only place that runs models.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Protocol, runtime_checkable
+
+import torch
+
+from .sampling import sample_from
+from .types import Verdict, VerifyInput
+
+
+@runtime_checkable
+class AcceptanceRule(Protocol):
+    """What the loop needs from a rule; see :mod:`semverify.rules` for the contract."""
+
+    name: str
+    lossless: bool
+    needs_draft_probs: bool
+    needs_hidden_states: bool
+
+    def __call__(self, x: VerifyInput) -> Verdict: ...
+
+
+def leading_true(mask: torch.Tensor) -> torch.LongTensor:
+    """Length of the all-True prefix of each row of a [B, k] bool mask."""
+    if mask.shape[-1] == 0:
+        return torch.zeros(mask.shape[0], dtype=torch.long, device=mask.device)
+    return mask.long().cumprod(dim=-1).sum(dim=-1)
+
+
+def prefix_mask(n: torch.LongTensor, k: int) -> torch.BoolTensor:
+    """[B, k] mask of the first n[b] positions of each row."""
+    return torch.arange(k, device=n.device)[None, :] < n[:, None]
+
+
+def at_position(t: torch.Tensor, pos: torch.LongTensor) -> torch.Tensor:
+    """Row b of the result is t[b, pos[b]] (t is [B, n, ...])."""
+    return t[torch.arange(t.shape[0], device=t.device), pos]
+
+
+def target_choices(x: VerifyInput) -> torch.LongTensor:
+    """The target's own token at each of the k+1 positions: argmax, or a draw when sampling."""
+    if x.do_sample:
+        return sample_from(x.target_probs, x.generator)
+    return x.target_logits.argmax(dim=-1)
+
+
+class GreedyMatch:
+    """Keep the longest draft prefix equal to the target's own choices, then the target's next choice.
+
+    Greedy: the choices are argmaxes, so output equals greedy target decoding. Sampling: the target
+    draws its token at every position and the draft must match the draw ("sample and compare"),
+    which is lossless but accepts less than :class:`SpeculativeSampling`.
+    """
+
+    name = "greedy"
+    lossless = True
+    needs_draft_probs = False
+    needs_hidden_states = False
+
+    def __call__(self, x: VerifyInput) -> Verdict:
+        choice = target_choices(x)
+        match = x.draft.tokens == choice[:, : x.k]
+        n = leading_true(match)
+        return Verdict(n, at_position(choice, n), {"exact": prefix_mask(n, x.k)})
+
+
+class SpeculativeSampling:
+    """Leviathan/Chen rejection sampling: accept x with prob min(1, p(x)/q(x)), else draw from (p-q)+.
+
+    With no draft probabilities (a deterministic proposer) q is one-hot, so x is kept with prob p(x)
+    and a rejection draws from p with x removed. Under greedy decoding this is :class:`GreedyMatch`.
+    """
+
+    name = "speculative"
+    lossless = True
+    needs_draft_probs = False
+    needs_hidden_states = False
+
+    def __call__(self, x: VerifyInput) -> Verdict:
+        if not x.do_sample:
+            return GreedyMatch()(x)
+        tokens, k = x.draft.tokens, x.k
+        p = x.target_probs  # [B, k+1, V]
+        p_x = p[:, :k].gather(-1, tokens[..., None]).squeeze(-1)
+        q = x.draft.probs
+        q_x = q.gather(-1, tokens[..., None]).squeeze(-1) if q is not None else torch.ones_like(p_x)
+        u = torch.rand(p_x.shape, generator=x.generator, device=p_x.device)
+        n = leading_true(u * q_x < p_x)  # strict: u can be 0, and p(x)=0 must never pass
+        return Verdict(n, draw_after(x, n), {"ratio": prefix_mask(n, k)})
+
+
+def residual(p_n: torch.Tensor, q_n: torch.Tensor | None, token: torch.LongTensor) -> torch.Tensor:
+    """(p - q)+ at a rejected position; q=None means one-hot on the rejected ``token``."""
+    if q_n is None:
+        return p_n.scatter(-1, token[:, None], 0.0)
+    return (p_n - q_n).clamp_min(0.0)
+
+
+def draw_after(x: VerifyInput, n: torch.LongTensor) -> torch.LongTensor:
+    """The token that follows n accepted drafts: a residual draw if n < k, else the bonus from p."""
+    k = x.k
+    p_n = at_position(x.target_probs, n)
+    if k == 0:
+        return sample_from(p_n, x.generator)
+    rejected = n < k
+    at = n.clamp(max=k - 1)
+    q_n = at_position(x.draft.probs, at) if x.draft.probs is not None else None
+    res = residual(p_n, q_n, at_position(x.draft.tokens, at))
+    usable = rejected[:, None] & (res.sum(-1, keepdim=True) > 0)
+    return sample_from(torch.where(usable, res, p_n), x.generator)
+
+
+def entropy(probs: torch.Tensor) -> torch.Tensor:
+    """Shannon entropy in nats over the last dimension; zero-probability entries contribute 0."""
+    return -(probs * torch.log(probs.clamp_min(torch.finfo(probs.dtype).tiny))).sum(dim=-1)
+
+
+class TypicalAcceptance:
+    """Medusa's typical acceptance: keep x when p(x) > min(eps, delta * exp(-H(p))), or x is the argmax.
+
+    Lossy: confident target positions demand high p(x), uncertain ones accept plausible tokens.
+    Its lossless limit is exact greedy matching: ``posterior_threshold >= 1`` with
+    ``posterior_alpha=float("inf")`` (the bound is then 1, which no p(x) exceeds).
+    """
+
+    name = "typical"
+    lossless = False
+    needs_draft_probs = False
+    needs_hidden_states = False
+
+    def __init__(self, posterior_threshold: float = 0.09, posterior_alpha: float = 0.3) -> None:
+        if posterior_threshold < 0 or posterior_alpha < 0:
+            raise ValueError("posterior_threshold and posterior_alpha must be >= 0")
+        self.posterior_threshold = posterior_threshold
+        self.posterior_alpha = posterior_alpha
+
+    def __call__(self, x: VerifyInput) -> Verdict:
+        tokens, k = x.draft.tokens, x.k
+        p = x.target_probs[:, :k]
+        exact = tokens == x.target_logits[:, :k].argmax(dim=-1)
+        p_x = p.gather(-1, tokens[..., None]).squeeze(-1)
+        bound = torch.clamp(self.posterior_alpha * torch.exp(-entropy(p)), max=self.posterior_threshold)
+        n = leading_true(exact | (p_x > bound))
+        kept = prefix_mask(n, k)
+        choice = target_choices(x)
+        return Verdict(n, at_position(choice, n), {"exact": kept & exact, "typical": kept & ~exact})
+
+
+_RULES: dict[str, Callable[..., AcceptanceRule]] = {}
+
+
+def register_rule(name: str, factory: Callable[..., AcceptanceRule]) -> None:
+    """Make ``acceptance=name`` resolve to ``factory(**params)``."""
+    _RULES[name] = factory
+
+
+def available_rules() -> list[str]:
+    """Names accepted by ``acceptance=`` and the CLI's ``--rule``."""
+    return sorted(_RULES)
+
+
+def get_rule(rule: str | AcceptanceRule, **params) -> AcceptanceRule:
+    """A rule object from a registered name (with constructor params) or a rule passed through."""
+    if not isinstance(rule, str):
+        if params:
+            raise ValueError("rule parameters are only accepted with a rule name, not a rule object")
+        if not isinstance(rule, AcceptanceRule):
+            raise TypeError(f"acceptance must be a rule name or an AcceptanceRule, got {type(rule).__name__}")
+        return rule
+    if rule not in _RULES:
+        raise ValueError(f"unknown acceptance rule {rule!r}; available: {', '.join(available_rules())}")
+    return _RULES[rule](**params)
+
+
+register_rule("greedy", GreedyMatch)
+register_rule("speculative", SpeculativeSampling)
+register_rule("typical", TypicalAcceptance)

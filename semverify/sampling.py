@@ -1,0 +1,64 @@
+"""One warp for draft and target: temperature, top-k, top-p, in that order (as transformers does)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Sampler:
+    """Turns logits into the distribution a token is drawn from; greedy when ``do_sample`` is False.
+
+    The same instance warps the draft's and the target's logits, which is what keeps speculative
+    sampling lossless (a q computed differently from how the draft sampled silently biases output).
+    """
+
+    do_sample: bool = False
+    temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.do_sample and not self.temperature > 0:
+            raise ValueError(f"temperature must be > 0 when do_sample=True, got {self.temperature}")
+        if self.top_k is not None and self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        if self.top_p is not None and not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+
+    def warp(self, logits: torch.Tensor) -> torch.Tensor:
+        """Processed fp32 logits [..., V]; masked tokens get -inf. Greedy returns raw logits."""
+        logits = logits.float()
+        if not self.do_sample:
+            return logits
+        if self.temperature != 1.0:
+            logits = logits / self.temperature
+        if self.top_k and self.top_k < logits.shape[-1]:
+            kth = torch.topk(logits, self.top_k, dim=-1).values[..., -1:]
+            logits = logits.masked_fill(logits < kth, float("-inf"))
+        if self.top_p is not None and self.top_p < 1.0:
+            sorted_logits, order = torch.sort(logits, dim=-1, descending=False)
+            cum = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
+            drop_sorted = cum <= 1 - self.top_p
+            drop_sorted[..., -1] = False  # always keep the most likely token
+            drop = drop_sorted.scatter(-1, order, drop_sorted)
+            logits = logits.masked_fill(drop, float("-inf"))
+        return logits
+
+    def probs(self, logits: torch.Tensor) -> torch.Tensor:
+        """Softmax of the warped logits, fp32."""
+        return torch.softmax(self.warp(logits), dim=-1)
+
+    def choose(self, logits: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+        """One token per row of [..., V] logits: argmax when greedy, else a draw from ``probs``."""
+        if not self.do_sample:
+            return logits.argmax(dim=-1)
+        return sample_from(self.probs(logits), generator)
+
+
+def sample_from(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Draw one index per row of a [..., V] probability tensor (rows need not be normalised)."""
+    flat = probs.reshape(-1, probs.shape[-1])
+    return torch.multinomial(flat, 1, generator=generator).reshape(probs.shape[:-1])

@@ -1,0 +1,103 @@
+"""Per-call speculative decoding statistics, with the metric definitions spelled out."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class SpecStats:
+    """Counters for one ``generate`` call (batch 1).
+
+    tau = new tokens / target forwards (bonus and correction tokens included, as vLLM and Spec-Bench
+    count it; vanilla decoding has tau = 1). alpha = accepted / drafted draft tokens.
+    """
+
+    steps: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    new_tokens: int = 0
+    accept_lengths: list[int] = field(default_factory=list)
+    drafted_per_position: list[int] = field(default_factory=list)
+    accepted_per_position: list[int] = field(default_factory=list)
+    reasons: Counter = field(default_factory=Counter)
+    reasons_per_position: dict[str, list[int]] = field(default_factory=dict)
+    draft_time: float = 0.0
+    verify_time: float = 0.0
+    total_time: float = 0.0
+
+    def record_step(self, drafted: int, accepted: int, emitted: int, reasons: dict[str, torch.Tensor]) -> None:
+        """Count one target forward that checked ``drafted`` tokens, kept ``accepted``, emitted ``emitted``."""
+        self.steps += 1
+        self.drafted += drafted
+        self.accepted += accepted
+        self.new_tokens += emitted
+        self.accept_lengths.append(accepted)
+        _add_prefix(self.drafted_per_position, drafted)
+        _add_prefix(self.accepted_per_position, accepted)
+        for name, mask in reasons.items():
+            flags = mask[0].tolist()
+            self.reasons[name] += sum(flags)
+            per_pos = self.reasons_per_position.setdefault(name, [])
+            per_pos.extend([0] * (len(flags) - len(per_pos)))
+            for i, flag in enumerate(flags):
+                per_pos[i] += int(flag)
+
+    @property
+    def tau(self) -> float:
+        return self.new_tokens / self.steps if self.steps else 0.0
+
+    @property
+    def alpha(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def acceptance_by_position(self) -> list[float]:
+        return [a / d if d else 0.0 for a, d in zip(self.accepted_per_position, self.drafted_per_position)]
+
+    @property
+    def other_time(self) -> float:
+        return max(0.0, self.total_time - self.draft_time - self.verify_time)
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.new_tokens / self.total_time if self.total_time > 0 else 0.0
+
+    def to_dict(self) -> dict:
+        """Plain JSON-ready dict: counters, derived metrics and timings."""
+        return {
+            "steps": self.steps,
+            "drafted": self.drafted,
+            "accepted": self.accepted,
+            "new_tokens": self.new_tokens,
+            "tau": self.tau,
+            "alpha": self.alpha,
+            "accept_lengths": list(self.accept_lengths),
+            "acceptance_by_position": self.acceptance_by_position,
+            "reasons": dict(self.reasons),
+            "reasons_per_position": {k: list(v) for k, v in self.reasons_per_position.items()},
+            "draft_time": self.draft_time,
+            "verify_time": self.verify_time,
+            "other_time": self.other_time,
+            "total_time": self.total_time,
+            "tokens_per_second": self.tokens_per_second,
+        }
+
+    def summary(self) -> str:
+        """One human-readable line."""
+        return (
+            f"{self.new_tokens} tokens in {self.total_time:.2f}s ({self.tokens_per_second:.2f} tok/s), "
+            f"{self.steps} target forwards, tau={self.tau:.2f}, alpha={self.alpha:.2f} "
+            f"({self.accepted}/{self.drafted}), time draft/verify/other="
+            f"{self.draft_time:.2f}/{self.verify_time:.2f}/{self.other_time:.2f}s"
+        )
+
+
+def _add_prefix(counts: list[int], n: int) -> None:
+    """counts[i] += 1 for i < n, growing the list as needed."""
+    counts.extend([0] * (n - len(counts)))
+    for i in range(n):
+        counts[i] += 1

@@ -1,0 +1,86 @@
+"""Tensors that pass between drafter, loop and acceptance rule (batch-first, [B, ...])."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import torch
+
+
+@dataclass
+class Draft:
+    """Proposed tokens, and the exact distribution they were sampled from.
+
+    ``probs`` is the warped draft distribution q that ``tokens`` were drawn from; ``None`` marks a
+    deterministic proposer (prompt lookup, retrieval), which lossless rules treat as one-hot.
+    ``parents`` turns the draft into a tree: ``parents[i]`` is the index of node i's parent, or -1 for
+    a child of the last accepted token; ``None`` is a chain.
+    """
+
+    tokens: torch.LongTensor  # [B, n]
+    probs: torch.FloatTensor | None = None  # [B, n, V]
+    parents: torch.LongTensor | None = None  # [n]
+    meta: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.tokens.dim() != 2:
+            raise ValueError(f"Draft.tokens must be [batch, n], got shape {tuple(self.tokens.shape)}")
+        if self.probs is not None and self.probs.shape[:2] != self.tokens.shape:
+            raise ValueError(
+                f"Draft.probs must be [batch, n, vocab] matching tokens {tuple(self.tokens.shape)}, "
+                f"got {tuple(self.probs.shape)}"
+            )
+        if self.parents is not None:
+            n = self.tokens.shape[1]
+            if self.parents.shape != (n,) or bool((self.parents >= torch.arange(n)).any()):
+                raise ValueError("Draft.parents must be [n] with parents[i] < i (-1 for a root child)")
+
+    @property
+    def length(self) -> int:
+        return self.tokens.shape[1]
+
+    @property
+    def is_tree(self) -> bool:
+        return self.parents is not None
+
+    @classmethod
+    def empty(cls, batch_size: int = 1, device: torch.device | str = "cpu") -> "Draft":
+        return cls(tokens=torch.empty(batch_size, 0, dtype=torch.long, device=device))
+
+
+@dataclass
+class VerifyInput:
+    """What a rule sees for a chain draft of length k.
+
+    ``target_logits`` are the target's logits at the k+1 positions after warping by the same
+    sampler that produced ``draft.probs`` (temperature/top-k/top-p); under greedy decoding they are
+    the raw logits.
+    """
+
+    draft: Draft
+    target_logits: torch.FloatTensor  # [B, k+1, V]
+    do_sample: bool
+    target_hidden: torch.FloatTensor | None = None  # [B, k+1, H], last layer
+    generator: torch.Generator | None = None
+
+    @cached_property
+    def target_probs(self) -> torch.FloatTensor:
+        return torch.softmax(self.target_logits.float(), dim=-1)
+
+    @property
+    def k(self) -> int:
+        return self.draft.length
+
+
+@dataclass
+class Verdict:
+    """A rule's decision: accept ``n_accepted`` draft tokens, then emit ``next_token``.
+
+    ``reasons`` maps a reason name (``"exact"``, ``"ratio"``, ``"typical"``, ``"penalty"``...) to a
+    [B, k] bool mask of the positions it applied to; stats count them per position.
+    """
+
+    n_accepted: torch.LongTensor  # [B]
+    next_token: torch.LongTensor  # [B]
+    reasons: dict[str, torch.BoolTensor] = field(default_factory=dict)

@@ -1,0 +1,32 @@
+"""Real packaged models, fp32 greedy: semverify output equals model.generate token for token."""
+
+import pytest
+import torch
+
+from evals.gsm8k_data import chat_prompt, load_problems
+from semverify import generate
+
+pytestmark = pytest.mark.real
+
+
+def gsm8k_ids(tokenizer, n: int) -> list[torch.LongTensor]:
+    return [tokenizer(chat_prompt(tokenizer, p["question"]), return_tensors="pt").input_ids
+            for p in load_problems(limit=n)]
+
+
+def test_smollm_prompt_lookup_matches_greedy(smollm):
+    model, tokenizer = smollm
+    for ids in gsm8k_ids(tokenizer, 2):
+        expected = model.generate(ids, do_sample=False, max_new_tokens=64)
+        out = generate(model, ids, prompt_lookup_num_tokens=8, max_new_tokens=64, return_dict_in_generate=True)
+        assert torch.equal(out.sequences, expected)
+        assert out.spec_stats.steps < out.spec_stats.new_tokens  # lookup did accept something
+
+
+def test_qwen_pair_speculative_matches_greedy(qwen_pair):
+    target, draft, tokenizer = qwen_pair
+    for ids in gsm8k_ids(tokenizer, 3):
+        expected = target.generate(ids, do_sample=False, max_new_tokens=64)
+        out = generate(target, ids, assistant_model=draft, max_new_tokens=64, return_dict_in_generate=True)
+        assert torch.equal(out.sequences, expected), tokenizer.decode(out.sequences[0, ids.shape[1]:])
+        assert out.spec_stats.alpha > 0.5 and out.spec_stats.tau > 2
