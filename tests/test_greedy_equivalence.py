@@ -21,7 +21,7 @@ def repetitive_prompt(seed: int, length: int = 24) -> torch.LongTensor:
 @pytest.mark.parametrize("arch", ["qwen2", "llama"])
 @pytest.mark.parametrize("seed", [0, 1, 2])
 @pytest.mark.parametrize("k", [1, 4])
-@pytest.mark.parametrize("drafter_kind", ["same", "random", "prompt_lookup"])
+@pytest.mark.parametrize("drafter_kind", ["same", "random", "prompt_lookup", "prompt_lookup_first"])
 @pytest.mark.parametrize("rule", ["greedy", "speculative"])
 def test_matches_greedy_target(arch, seed, k, drafter_kind, rule):
     target = tiny_model(seed, arch)
@@ -31,6 +31,7 @@ def test_matches_greedy_target(arch, seed, k, drafter_kind, rule):
         "same": lambda: ModelDrafter(target),
         "random": lambda: ModelDrafter(tiny_model(seed + 100, arch)),
         "prompt_lookup": lambda: PromptLookupDrafter(max_ngram_size=2),
+        "prompt_lookup_first": lambda: PromptLookupDrafter(max_ngram_size=3, prefer="first"),
     }[drafter_kind]()
     out, stats = speculative_generate(target, ids, drafter=drafter, rule=get_rule(rule),
                                       num_draft_tokens=k, max_new_tokens=48)
