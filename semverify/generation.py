@@ -62,7 +62,7 @@ def generate(
 
     The drafter is ``assistant_model`` (a small model), prompt lookup when
     ``prompt_lookup_num_tokens`` is set, a custom ``drafter``, or none (one target token per step).
-    ``num_assistant_tokens`` is the draft length k (default 5). Sampling settings, ``max_new_tokens``
+    ``num_assistant_tokens`` (argument or config field) is the draft length k (default 5). Sampling settings, ``max_new_tokens``
     and ``eos_token_id`` come from ``kwargs`` and ``generation_config`` as in transformers. Returns the
     sequences, or with ``return_dict_in_generate=True`` a :class:`SpecGenerateOutput` whose
     ``spec_stats`` holds the call's statistics. Random draws use ``generator`` or one seeded from
@@ -124,7 +124,7 @@ def _pick_drafter(model, assistant_model, drafter, num_assistant_tokens, prompt_
         raise ValueError(f"pass only one way to draft, got {' and '.join(chosen)}")
     if num_assistant_tokens is not None and num_assistant_tokens < 1:
         raise ValueError(f"num_assistant_tokens must be >= 1, got {num_assistant_tokens}")
-    k = num_assistant_tokens or DEFAULT_NUM_DRAFT_TOKENS
+    k = num_assistant_tokens or config.num_assistant_tokens or DEFAULT_NUM_DRAFT_TOKENS
     if assistant_model is not None:
         check_same_vocabulary(model, assistant_model, tokenizer, assistant_tokenizer)
         return ModelDrafter(assistant_model, _setting(config, "assistant_confidence_threshold")), k

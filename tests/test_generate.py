@@ -59,6 +59,13 @@ def test_generation_config_object_is_honoured():
                        target.generate(IDS, max_new_tokens=6, do_sample=False))
 
 
+def test_draft_length_from_a_generation_config():
+    target = tiny_model(2)
+    config = GenerationConfig(max_new_tokens=12, num_assistant_tokens=2, assistant_confidence_threshold=0.0)
+    out = generate(target, IDS, assistant_model=target, generation_config=config, return_dict_in_generate=True)
+    assert out.spec_stats.drafted_per_position[2:] == [] and out.spec_stats.drafted_per_position[1] > 0
+
+
 def test_seeded_sampling_repeats():
     target, draft = tiny_model(3), tiny_model(4)
     runs = []

@@ -30,3 +30,16 @@ def test_qwen_pair_speculative_matches_greedy(qwen_pair):
         out = generate(target, ids, assistant_model=draft, max_new_tokens=64, return_dict_in_generate=True)
         assert torch.equal(out.sequences, expected), tokenizer.decode(out.sequences[0, ids.shape[1]:])
         assert out.spec_stats.alpha > 0.5 and out.spec_stats.tau > 2
+
+
+def test_qwen_pair_sampled_is_seeded_and_counts_add_up(qwen_pair):
+    target, draft, tokenizer = qwen_pair
+    ids = gsm8k_ids(tokenizer, 1)[0]
+    kwargs = dict(assistant_model=draft, do_sample=True, temperature=0.7, top_p=0.8, top_k=20, max_new_tokens=24,
+                  return_dict_in_generate=True)
+    first = generate(target, ids, generator=torch.Generator().manual_seed(7), **kwargs)
+    again = generate(target, ids, generator=torch.Generator().manual_seed(7), **kwargs)
+    assert torch.equal(first.sequences, again.sequences)
+    stats = first.spec_stats
+    assert stats.new_tokens == 24 == sum(stats.accept_lengths) + stats.steps
+    assert stats.reasons["ratio"] == stats.accepted and 0 < stats.alpha <= 1

@@ -422,17 +422,6 @@ def test_typical_lossless_limit_is_greedy():
     assert torch.equal(typical.next_token, greedy.next_token)
 
 
-def test_typical_threshold_one_with_huge_alpha_is_greedy():
-    """With both eps >= 1 and alpha * exp(-H) >= 1 the bound is 1, so only exact matches survive."""
-    tokens, logits = _random_greedy_inputs(1)
-    typical = TypicalAcceptance(posterior_threshold=1.0, posterior_alpha=1e9)(make_input(tokens, logits))
-    greedy = GreedyMatch()(make_input(tokens, logits))
-    assert torch.equal(typical.n_accepted, greedy.n_accepted)
-    assert torch.equal(typical.next_token, greedy.next_token)
-    assert torch.equal(typical.reasons["exact"], greedy.reasons["exact"])
-    assert not typical.reasons["typical"].any()
-
-
 def test_typical_rejects_negative_params():
     with pytest.raises(ValueError):
         TypicalAcceptance(posterior_threshold=-0.1)
