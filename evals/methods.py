@@ -1,0 +1,104 @@
+"""Methods to compare: a drafter kind, an acceptance rule and their parameters, by name.
+
+A method is written ``name`` or ``name:key=value,key=value`` on the command line (keys: ``k``, and
+rule constructor arguments), or given as JSON objects in a config file.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from semverify.rules import get_rule
+
+DRAFTERS = ("none", "model", "model_int8", "prompt_lookup")
+
+
+@dataclass(frozen=True)
+class Method:
+    """One decoding method: drafter kind, rule name, rule parameters and draft length k."""
+
+    name: str
+    drafter: str
+    rule: str = "speculative"
+    rule_params: dict = field(default_factory=dict)
+    k: int = 5
+
+    def __post_init__(self) -> None:
+        if self.drafter not in DRAFTERS:
+            raise ValueError(f"method {self.name!r}: unknown drafter {self.drafter!r}; use one of {', '.join(DRAFTERS)}")
+        if self.k < 1:
+            raise ValueError(f"method {self.name!r}: k must be >= 1, got {self.k}")
+        rule = get_rule(self.rule, **self.rule_params)  # unknown rules and bad parameters fail here
+        if rule.needs_draft_probs and self.drafter in ("none", "prompt_lookup"):
+            raise ValueError(f"method {self.name!r}: rule {self.rule!r} needs draft probabilities, which the "
+                             f"{self.drafter!r} drafter cannot give; use drafter 'model'")
+
+    @property
+    def lossless(self) -> bool:
+        return get_rule(self.rule, **self.rule_params).lossless
+
+    @property
+    def needs_draft_model(self) -> bool:
+        return self.drafter in ("model", "model_int8")
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "drafter": self.drafter, "rule": self.rule, "rule_params": self.rule_params,
+                "k": self.k}
+
+
+BUILTIN = {m.name: m for m in (
+    Method("vanilla", "none"),
+    Method("sd", "model"),
+    Method("sd_int8", "model_int8"),
+    Method("pld", "prompt_lookup", k=10),
+    Method("typical", "model", "typical"),
+)}
+
+
+def parse_method(text: str) -> Method:
+    """``sd`` or ``typical:posterior_threshold=0.2,k=4`` -> Method (parameters override the built-in)."""
+    name, _, params = text.partition(":")
+    if name not in BUILTIN:
+        raise ValueError(f"unknown method {name!r}; built-in methods: {', '.join(BUILTIN)} (or use --config)")
+    base = BUILTIN[name]
+    if not params:
+        return base
+    values = dict(_parse_pair(p, text) for p in params.split(","))
+    k = int(values.pop("k", base.k))
+    return replace(base, name=text, k=k, rule_params={**base.rule_params, **values})
+
+
+def _parse_pair(pair: str, text: str) -> tuple[str, float]:
+    key, sep, value = pair.partition("=")
+    if not sep:
+        raise ValueError(f"method {text!r}: expected key=value, got {pair!r}")
+    return key.strip(), float(value)
+
+
+def load_methods(spec: str | None = None, config: str | Path | None = None) -> list[Method]:
+    """Methods from a comma-separated list and/or a JSON config ``{"methods": [{name, drafter, rule, ...}]}``."""
+    methods = [parse_method(t) for t in _split(spec)] if spec else []
+    if config:
+        path = Path(config)
+        if not path.is_file():
+            raise FileNotFoundError(f"method config not found: {path}")
+        methods += [Method(**m) for m in json.loads(path.read_text())["methods"]]
+    if not methods:
+        raise ValueError("no methods given")
+    names = [m.name for m in methods]
+    if len(set(names)) != len(names):
+        raise ValueError(f"method names must be unique, got {names}")
+    return methods
+
+
+def _split(spec: str) -> list[str]:
+    """Split on commas that separate methods, not the ones inside a method's parameters."""
+    parts: list[str] = []
+    for piece in spec.split(","):
+        if parts and ":" in parts[-1] and "=" in piece and ":" not in piece:
+            parts[-1] += "," + piece
+        else:
+            parts.append(piece)
+    return [p.strip() for p in parts if p.strip()]

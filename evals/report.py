@@ -1,0 +1,175 @@
+"""``semverify report RUN_DIR``: a Markdown table, a paired test against a reference, and plots."""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from pathlib import Path
+
+from scipy.stats import binomtest
+
+from .grading import GRADERS
+from .methods import Method
+from .rows import read_rows
+
+
+def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """95% Wilson score interval for k successes in n trials (sound at 0 and n, unlike the normal one)."""
+    if n == 0:
+        return 0.0, 0.0
+    p = k / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def mcnemar(a: list[bool], b: list[bool]) -> dict:
+    """Exact McNemar test on paired grades: only problems where the two methods disagree count."""
+    only_a = sum(x and not y for x, y in zip(a, b))
+    only_b = sum(y and not x for x, y in zip(a, b))
+    n = only_a + only_b
+    p = binomtest(only_a, n, 0.5).pvalue if n else 1.0
+    return {"only_method": only_b, "only_reference": only_a, "p_value": p}
+
+
+def summarise(run_dir: str | Path, reference: str = "vanilla", grader: str = "math_verify") -> dict:
+    """Per-method metrics over the problems every method finished, and a paired test vs ``reference``."""
+    run_dir = Path(run_dir)
+    run = json.loads((run_dir / "run.json").read_text())
+    methods = [Method(**m) for m in run["methods"]]
+    names = [m.name for m in methods]
+    if reference not in names:
+        raise ValueError(f"reference method {reference!r} is not in this run ({', '.join(names)})")
+    by = {(r["id"], r["method"]): r for r in read_rows(run_dir)}
+    ids = sorted({i for i, _ in by if all((i, m) in by for m in names)})
+    out = {"run": run, "problems": len(ids), "reference": reference, "grader": grader, "methods": {}}
+    for m in methods:
+        rs = [by[(i, m.name)] for i in ids]
+        steps = sum(r["steps"] for r in rs)
+        drafted = sum(r["drafted"] for r in rs)
+        ratios = [by[(i, m.name)]["tok_s"] / by[(i, reference)]["tok_s"] for i in ids]
+        entry = {
+            "lossless": m.lossless, "problems": len(rs),
+            "accuracy": {g: _accuracy([r["grades"][g] for r in rs]) for g in GRADERS},
+            "tau": sum(r["new_tokens"] for r in rs) / steps if steps else 0.0,
+            "alpha": sum(r["accepted"] for r in rs) / drafted if drafted else None,
+            "tok_s_median": statistics.median(r["tok_s"] for r in rs) if rs else 0.0,
+            "speedup_median": statistics.median(ratios) if ratios else 0.0,
+            "wall_s": sum(r["total_time"] for r in rs),
+            "acceptance_by_position": _by_position(rs),
+            "reasons": _sum_reasons(rs),
+        }
+        if m.name != reference:
+            entry["vs_reference"] = mcnemar([by[(i, reference)]["grades"][grader] for i in ids],
+                                            [r["grades"][grader] for r in rs])
+        out["methods"][m.name] = entry
+    return out
+
+
+def _accuracy(grades: list[bool]) -> dict:
+    k, n = sum(grades), len(grades)
+    lo, hi = wilson(k, n)
+    return {"correct": k, "n": n, "acc": k / n if n else 0.0, "ci95": [lo, hi]}
+
+
+def _by_position(rows: list[dict]) -> list[float]:
+    drafted: list[int] = []
+    accepted: list[int] = []
+    for r in rows:
+        for counts, add in ((drafted, r["drafted_per_position"]), (accepted, r["accepted_per_position"])):
+            counts.extend([0] * (len(add) - len(counts)))
+            for i, c in enumerate(add):
+                counts[i] += c
+    accepted.extend([0] * (len(drafted) - len(accepted)))
+    return [a / d for a, d in zip(accepted, drafted) if d]
+
+
+def _sum_reasons(rows: list[dict]) -> dict:
+    total: dict[str, int] = {}
+    for r in rows:
+        for k, v in r["reasons"].items():
+            total[k] = total.get(k, 0) + v
+    return total
+
+
+def markdown(summary: dict) -> str:
+    """The report table headed by the environment and decoding settings."""
+    run, env = summary["run"], summary["run"].get("environment", {})
+    s = run["settings"]
+    decoding = (f"sampling T={s['temperature']} top_k={s['top_k']} top_p={s['top_p']}" if s["do_sample"]
+                else "greedy")
+    lines = [
+        f"# {s['benchmark']} comparison: {summary['problems']} problems",
+        "",
+        f"- target `{s['target']}`, draft `{s['draft']}`, {s['dtype']}, {decoding}, seed {s['seed']}, "
+        f"max {s['max_new_tokens']} new tokens, template `{s['template']}`, data `{s['data']}`",
+        f"- machine: {env.get('cpu', '?')}, {env.get('torch_threads', '?')} threads, torch {env.get('torch', '?')}, "
+        f"transformers {env.get('transformers', '?')}; run started {env.get('date', '?')}",
+        f"- accuracy with 95% Wilson intervals; speedup = median per-problem tokens/s ratio vs "
+        f"`{summary['reference']}`; p = exact McNemar test vs `{summary['reference']}` on {summary['grader']}",
+        "",
+        "| method | lossless | strict | flexible | math-verify | tau | alpha | tok/s | speedup | wall (s) | p vs ref |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, m in summary["methods"].items():
+        accs = [_fmt_acc(m["accuracy"][g]) for g in GRADERS]
+        alpha = f"{m['alpha']:.2f}" if m["alpha"] is not None else "-"
+        p = f"{m['vs_reference']['p_value']:.3f}" if "vs_reference" in m else "-"
+        lines.append(f"| {name} | {'yes' if m['lossless'] else 'no'} | {' | '.join(accs)} | {m['tau']:.2f} | "
+                     f"{alpha} | {m['tok_s_median']:.2f} | {m['speedup_median']:.2f}x | {m['wall_s']:.0f} | {p} |")
+    return "\n".join(lines) + "\n"
+
+
+def _fmt_acc(a: dict) -> str:
+    return f"{100 * a['acc']:.1f} [{100 * a['ci95'][0]:.1f}, {100 * a['ci95'][1]:.1f}]"
+
+
+def plot(summary: dict, run_dir: Path) -> list[Path]:
+    """accuracy_vs_speedup.png (with intervals) and acceptance_by_position.png."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    grader = summary["grader"]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name, m in summary["methods"].items():
+        a = m["accuracy"][grader]
+        ax.errorbar(m["speedup_median"], 100 * a["acc"], yerr=[[100 * (a["acc"] - a["ci95"][0])],
+                    [100 * (a["ci95"][1] - a["acc"])]], fmt="o", capsize=4, label=name)
+    ax.set_xlabel(f"speedup vs {summary['reference']} (median tokens/s ratio)")
+    ax.set_ylabel(f"accuracy, {grader} (%)")
+    ax.set_title(f"{summary['problems']} problems")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    first = run_dir / "accuracy_vs_speedup.png"
+    fig.savefig(first, dpi=120)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name, m in summary["methods"].items():
+        if m["acceptance_by_position"]:
+            ax.plot(range(1, len(m["acceptance_by_position"]) + 1), m["acceptance_by_position"], marker="o", label=name)
+    ax.set_xlabel("draft position")
+    ax.set_ylabel("acceptance rate")
+    ax.set_ylim(0, 1.05)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    second = run_dir / "acceptance_by_position.png"
+    fig.savefig(second, dpi=120)
+    plt.close(fig)
+    return [first, second]
+
+
+def report(run_dir: str | Path, reference: str = "vanilla", grader: str = "math_verify") -> str:
+    """Write report.md, summary.json and the plots into ``run_dir``; returns the Markdown."""
+    run_dir = Path(run_dir)
+    if not (run_dir / "run.json").exists():
+        raise FileNotFoundError(f"{run_dir} is not a run folder (no run.json); run `semverify compare` first")
+    summary = summarise(run_dir, reference, grader)
+    text = markdown(summary)
+    (run_dir / "report.md").write_text(text)
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    plot(summary, run_dir)
+    return text

@@ -1,0 +1,140 @@
+"""semverify compare/report: resumable rows, sharding, clear errors before any model loads."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from evals.methods import BUILTIN, Method, load_methods, parse_method
+from evals.report import mcnemar, report, wilson
+from evals.rows import RowWriter, read_rows
+from semverify.cli import main
+
+REPO = Path(__file__).resolve().parents[1]
+METHODS = "vanilla,sd,pld,typical"
+
+
+def compare_args(checkpoint, out, limit=4, extra=()):
+    return ["compare", "--target", str(checkpoint), "--draft", str(checkpoint), "--methods", METHODS,
+            "--data", "sample", "--limit", str(limit), "--max-new-tokens", "24", "--dtype", "float32",
+            "--out", str(out), *extra]
+
+
+def comparable(rows):
+    """Rows without timings, keyed by (problem, method), for comparing runs."""
+    drop = {"draft_time", "verify_time", "total_time", "tok_s"}
+    return {(r["id"], r["method"]): {k: v for k, v in r.items() if k not in drop} for r in rows}
+
+
+def test_method_parsing_and_errors():
+    assert parse_method("sd") is BUILTIN["sd"]
+    m = parse_method("typical:posterior_threshold=0.2,k=3")
+    assert m.k == 3 and m.rule_params == {"posterior_threshold": 0.2} and not m.lossless
+    assert [x.name for x in load_methods("vanilla,typical:posterior_threshold=0.2,k=3,pld")] == [
+        "vanilla", "typical:posterior_threshold=0.2,k=3", "pld"]
+    with pytest.raises(ValueError, match="unknown method 'nope'"):
+        parse_method("nope")
+    with pytest.raises(ValueError, match="unknown acceptance rule"):
+        Method("x", "model", "no-such-rule")
+    with pytest.raises(ValueError, match="method names must be unique"):
+        load_methods("sd,sd")
+
+
+def test_rule_the_drafter_cannot_serve_is_refused():
+    from semverify.rules import SpeculativeSampling, register_rule
+
+    class NeedsProbs(SpeculativeSampling):
+        name = "needs-probs-test"
+        needs_draft_probs = True
+
+    register_rule("needs-probs-test", NeedsProbs)
+    with pytest.raises(ValueError, match="needs draft probabilities.*prompt_lookup"):
+        Method("bad", "prompt_lookup", "needs-probs-test")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--methods", "vanilla,bogus"], "unknown method 'bogus'"),
+    (["--data", "/no/such/file.jsonl"], "GSM8K data file not found"),
+    (["--benchmark", "mmlu"], "unknown benchmark 'mmlu'"),
+])
+def test_input_errors_come_before_model_loading(tmp_path, capsys, args, message):
+    # the target does not exist: reaching model loading would raise a different error
+    with pytest.raises(SystemExit) as exit_info:
+        main(["compare", "--target", "/no/such/model", "--out", str(tmp_path / "run"), *args])
+    assert message in str(exit_info.value)
+
+
+def test_torn_last_line_is_dropped_and_duplicates_ignored(tmp_path):
+    path = tmp_path / "rows.rank0.jsonl"
+    path.write_text(json.dumps({"id": 0, "method": "a"}) + "\n" + '{"id": 1, "meth')
+    assert [r["id"] for r in read_rows(tmp_path)] == [0]
+    writer = RowWriter(path)
+    writer.write({"id": 1, "method": "a"})
+    writer.write({"id": 0, "method": "a", "again": True})
+    writer.close()
+    rows = read_rows(tmp_path)
+    assert sorted(r["id"] for r in rows) == [0, 1] and not any(r.get("again") for r in rows)
+
+
+def test_statistics_helpers():
+    lo, hi = wilson(0, 10)
+    assert lo == 0 and 0.27 < hi < 0.29
+    assert wilson(10, 10)[1] == 1.0
+    result = mcnemar([True] * 10 + [False] * 10, [True] * 10 + [True] * 10)
+    assert result["only_method"] == 10 and result["only_reference"] == 0 and result["p_value"] < 0.01
+
+
+def test_compare_report_and_resume_after_kill(tiny_checkpoint, tmp_path):
+    clean = tmp_path / "clean"
+    main(compare_args(tiny_checkpoint, clean))
+    expected = comparable(read_rows(clean))
+    assert len(expected) == 4 * 4
+    text = (clean / "report.md").read_text()
+    assert "| vanilla | yes |" in text and "| typical | no |" in text
+    assert (clean / "accuracy_vs_speedup.png").stat().st_size > 0
+    assert (clean / "acceptance_by_position.png").stat().st_size > 0
+    summary = json.loads((clean / "summary.json").read_text())
+    assert summary["methods"]["sd"]["accuracy"]["strict"]["n"] == 4
+
+    crashed = tmp_path / "crashed"
+    cmd = [sys.executable, "-m", "semverify.cli", *compare_args(tiny_checkpoint, crashed, extra=["--no-report"])]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    rows_file = crashed / "rows.rank0.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline and not (rows_file.exists() and rows_file.read_text().count("\n") >= 3):
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    with rows_file.open("a") as f:  # as if the kill had landed in the middle of a write
+        f.write('{"id": 3, "method": "sd", "out')
+    main(compare_args(tiny_checkpoint, crashed))
+    assert comparable(read_rows(crashed)) == expected
+    lines = [line for line in rows_file.read_text().splitlines() if line.startswith("{")]
+    keys = [(json.loads(line)["id"], json.loads(line)["method"]) for line in lines if line.endswith("}")]
+    assert len(keys) == len(set(keys)) == 16
+
+
+def test_resume_with_other_settings_is_refused(tiny_checkpoint, tmp_path):
+    main(compare_args(tiny_checkpoint, tmp_path / "run", limit=1, extra=["--no-report"]))
+    with pytest.raises(ValueError, match="other settings"):
+        main(compare_args(tiny_checkpoint, tmp_path / "run", limit=2))
+
+
+def test_two_process_shards_merge_to_the_single_process_rows(tiny_checkpoint, tmp_path):
+    single = tmp_path / "single"
+    main(compare_args(tiny_checkpoint, single, extra=["--no-report"]))
+    sharded = tmp_path / "sharded"
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+           "-m", "semverify.cli", *compare_args(tiny_checkpoint, sharded)]
+    subprocess.run(cmd, cwd=REPO, check=True, capture_output=True, timeout=600,
+                   env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert sorted(p.name for p in sharded.glob("rows.rank*.jsonl")) == ["rows.rank0.jsonl", "rows.rank1.jsonl"]
+    assert comparable(read_rows(sharded)) == comparable(read_rows(single))
+    report(sharded)
+    assert "4 problems" in (sharded / "report.md").read_text()

@@ -1,0 +1,123 @@
+"""GSM8K graders on tricky answer strings: number normalization, strict and flexible extraction, Math-Verify."""
+
+from __future__ import annotations
+
+import pytest
+
+from evals import grading
+from evals.grading import GRADERS, extract_flexible, extract_strict, grade, grade_math_verify, normalize_number
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("1,234", "1234"),
+    ("$18", "18"),
+    ("-3.5", "-3.5"),
+    ("-3.50", "-3.5"),
+    ("7.0", "7"),
+    ("7", "7"),
+    ("007", "7"),
+    ("0.50", "0.5"),
+    (".5", "0.5"),
+    ("1,234.", "1234"),
+    (" $1,234.50 ", "1234.5"),
+    ("-$3.5", "-3.5"),
+    ("100", "100"),
+    ("1000000", "1000000"),
+    ("-0.0", "0"),
+    ("123456789012345678901234567890.10", "123456789012345678901234567890.1"),
+])
+def test_normalize_number(text, expected):
+    assert normalize_number(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "   ", "abc", "7 apples", "-", ".", "$", "3.5.2", "1e3", "nan", "Infinity",
+                                  "50%", "1/2", "\u0663"])
+def test_normalize_number_rejects_non_numbers(text):
+    assert normalize_number(text) is None
+
+
+@pytest.mark.parametrize("output, strict, flexible", [
+    ("Final Answer: 72", "72", "72"),
+    ("final answer: 72", "72", "72"),
+    ("FINAL ANSWER:72", "72", "72"),
+    ("Final Answer: $72", "72", "72"),
+    ("**Final Answer:** $18", "18", "18"),
+    ("**Final Answer**: 18", "18", "18"),
+    ("Final Answer: **18**", "18", "18"),
+    ("Final Answer: 1,234.", "1234", "1234"),
+    ("Final Answer: 1,234,567", "1234567", "1234567"),
+    ("Final Answer: -3.5", "-3.5", "-3.5"),
+    ("Final Answer: -$3.5", "-3.5", "-3.5"),
+    ("Final Answer: 0.50", "0.5", "0.5"),
+    ("Final Answer: 7.0", "7", "7"),
+    ("#### 72", "72", "72"),
+    ("So the total is 3 + 4 = 7.\n#### 7", "7", "7"),
+    # several numbers: strict reads the explicit answer, flexible the last number
+    ("Final Answer: 5. Check: 5 + 3 = 8", "5", "8"),
+    ("She has 3 apples and buys 4 more.\nFinal Answer: 7\nThat took 2 steps.", "7", "2"),
+    # the last "Final Answer:" wins, and it wins over "####"
+    ("Final Answer: 4. Wait, I made a mistake. Final Answer: 6", "6", "6"),
+    ("#### 3\nFinal Answer: 9", "9", "9"),
+    # no explicit answer format: strict has nothing, flexible still finds a number
+    ("\\boxed{72}", None, "72"),
+    ("The answer is 72.", None, "72"),
+    ("Final Answer: seventy-two", None, None),
+    ("Final Answer is 72", None, "72"),
+    ("There is no number here.", None, None),
+    ("", None, None),
+    # a hyphen inside a range is not a minus sign; malformed thousands groups are separate numbers
+    ("It takes 10-12 days", None, "12"),
+    ("pick 5,6", None, "6"),
+])
+def test_extract(output, strict, flexible):
+    assert extract_strict(output) == strict
+    assert extract_flexible(output) == flexible
+
+
+@pytest.mark.parametrize("output", ["Final Answer: 72", "\\boxed{72}", "#### 72", "The answer is $\\boxed{72}$.",
+                                    "**Final Answer:** $72"])
+def test_math_verify_accepts_right_answer(output):
+    assert grade_math_verify(output, "72")
+
+
+@pytest.mark.parametrize("output", ["Final Answer: 71", "\\boxed{27}", "#### 720", "no number at all", ""])
+def test_math_verify_rejects_wrong_answer(output):
+    assert not grade_math_verify(output, "72")
+
+
+def test_math_verify_errors_grade_false(monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("parser crashed")
+
+    monkeypatch.setattr(grading, "parse", broken)
+    assert grade_math_verify("Final Answer: 72", "72") is False
+
+
+T, F = True, False
+
+
+@pytest.mark.parametrize("output, gold, strict, flexible, math_verify", [
+    ("Final Answer: 1,234", "1234", T, T, T),
+    ("Final Answer: 1234", "1,234", T, T, T),
+    ("Final Answer: 1,234.", "1,234", T, T, T),
+    ("**Final Answer:** $18", "18", T, T, T),
+    ("Final Answer: $18.00", "18", T, T, T),
+    ("Final Answer: -3.5", "-3.5", T, T, T),
+    ("Final Answer: -3", "3", F, F, F),
+    ("Final Answer: 7.0", "7", T, T, T),
+    ("Final Answer: 0.50", "0.5", T, T, T),
+    ("Final Answer: 007", "7", T, T, T),
+    ("\\boxed{72}", "72", F, T, T),
+    ("#### 72", "72", T, T, T),
+    ("Final Answer: 5. Check: 5 + 3 = 8", "5", T, F, F),
+    ("Final Answer: 5. Check: 5 + 3 = 8", "8", F, T, T),
+    ("Final Answer: 71", "72", F, F, F),
+    ("I cannot solve this.", "72", F, F, F),
+    ("", "0", F, F, F),
+])
+def test_grade(output, gold, strict, flexible, math_verify):
+    assert grade(output, gold) == {"strict": strict, "flexible": flexible, "math_verify": math_verify}
+
+
+def test_grade_reports_every_grader():
+    assert tuple(grade("Final Answer: 1", "1")) == GRADERS == ("strict", "flexible", "math_verify")
