@@ -35,7 +35,13 @@ class GSM8K:
         if source == "hub":
             import datasets
 
-            items = datasets.load_dataset("openai/gsm8k", "main", split=split)
+            try:
+                items = datasets.load_dataset("openai/gsm8k", "main", split=split)
+            except Exception as err:  # offline, no hub access, or not cached
+                raise FileNotFoundError(
+                    f"could not load openai/gsm8k from the hub ({type(err).__name__}: {err}); "
+                    "pass --data PATH to a local jsonl or --data sample"
+                ) from err
         else:
             path = DATA / "gsm8k_test_sample.jsonl" if source == "sample" else Path(source)
             if not path.is_file():
