@@ -8,7 +8,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 DATA = Path(__file__).parent / "data"
-SHARED_DEV = Path(__file__).resolve().parents[2] / "shared" / "data" / "gsm8k" / "test_dev.jsonl"
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "gsm8k"
+SHARED_DEV = SHARED / "test_dev.jsonl"
+SHARED_TRAIN = SHARED / "train.jsonl"
 INSTRUCTION = "Solve the problem step by step, then end with 'Final Answer: <number>'."
 TEMPLATES = ("chat", "fewshot")
 
@@ -28,10 +30,11 @@ class GSM8K:
 
     def load(self, source: str = "auto", limit: int | None = None, split: str = "test") -> list[Problem]:
         """Problems in file order. ``source``: a jsonl path, ``"hub"`` (openai/gsm8k via datasets),
-        ``"sample"`` (20 test problems shipped with semverify), or ``"auto"`` (the shared dev file
-        when present, else the sample)."""
+        ``"sample"`` (20 test problems shipped with semverify), or ``"auto"`` (the shared file of
+        ``split`` when present, else the hub for train and the sample for test)."""
         if source == "auto":
-            source = str(SHARED_DEV) if SHARED_DEV.is_file() else "sample"
+            shared = SHARED_TRAIN if split == "train" else SHARED_DEV
+            source = str(shared) if shared.is_file() else ("hub" if split == "train" else "sample")
         if source == "hub":
             import datasets
 
@@ -66,6 +69,13 @@ class GSM8K:
         """The prompt text through the tokenizer's chat template."""
         return tokenizer.apply_chat_template(self.messages(problem, template), tokenize=False,
                                              add_generation_prompt=True)
+
+
+    def worked_examples(self, tokenizer, source: str = "auto", limit: int | None = 200,
+                        template: str = "chat") -> list[tuple[str, str]]:
+        """(prompt, reference answer) text pairs from the train split, for teacher-forced calibration."""
+        return [(self.prompt(tokenizer, p, template), worked_answer(p.solution))
+                for p in self.load(source, limit, split="train")]
 
 
 def worked_answer(solution: str) -> str:

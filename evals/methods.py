@@ -1,7 +1,8 @@
 """Methods to compare: a drafter kind, an acceptance rule and their parameters, by name.
 
 A method is written ``name`` or ``name:key=value,key=value`` on the command line (keys: ``k``, and
-rule constructor arguments), or given as JSON objects in a config file.
+rule constructor arguments), or given as JSON objects in a config file. A run's context (the model
+names and decoding temperature) fills the rule arguments that describe it, e.g. EASD's calibrations.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from semverify.rules import get_rule
+from semverify.rules import get_rule, parse_param, with_context
 
 DRAFTERS = ("none", "model", "model_int8", "prompt_lookup")
 
@@ -30,14 +31,26 @@ class Method:
             raise ValueError(f"method {self.name!r}: unknown drafter {self.drafter!r}; use one of {', '.join(DRAFTERS)}")
         if self.k < 1:
             raise ValueError(f"method {self.name!r}: k must be >= 1, got {self.k}")
-        rule = get_rule(self.rule, **self.rule_params)  # unknown rules and bad parameters fail here
+
+    def in_context(self, context: dict | None) -> "Method":
+        """This method with the context's rule arguments filled in, checked by building its rule once:
+        unknown rules, bad parameters and a rule the drafter cannot serve fail here, before models load."""
+        method = replace(self, rule_params=with_context(self.rule, self.rule_params, context or {}))
+        try:
+            rule = method.build_rule()
+        except (ValueError, TypeError, FileNotFoundError) as err:
+            raise ValueError(f"method {self.name!r}: {err}") from err
         if rule.needs_draft_probs and self.drafter in ("none", "prompt_lookup"):
             raise ValueError(f"method {self.name!r}: rule {self.rule!r} needs draft probabilities, which the "
                              f"{self.drafter!r} drafter cannot give; use drafter 'model'")
+        return method
+
+    def build_rule(self):
+        return get_rule(self.rule, **self.rule_params)
 
     @property
     def lossless(self) -> bool:
-        return get_rule(self.rule, **self.rule_params).lossless
+        return self.build_rule().lossless
 
     @property
     def needs_draft_model(self) -> bool:
@@ -54,37 +67,39 @@ BUILTIN = {m.name: m for m in (
     Method("sd_int8", "model_int8"),
     Method("pld", "prompt_lookup", k=10),
     Method("typical", "model", "typical"),
+    Method("easd", "model", "easd", {"percentile": 80}),
 )}
 
 
-def parse_method(text: str) -> Method:
+def parse_method(text: str, context: dict | None = None) -> Method:
     """``sd`` or ``typical:posterior_threshold=0.2,k=4`` -> Method (parameters override the built-in)."""
     name, _, params = text.partition(":")
     if name not in BUILTIN:
         raise ValueError(f"unknown method {name!r}; built-in methods: {', '.join(BUILTIN)} (or use --config)")
     base = BUILTIN[name]
-    if not params:
-        return base
-    values = dict(_parse_pair(p, text) for p in params.split(","))
-    k = int(values.pop("k", base.k))
-    return replace(base, name=text, k=k, rule_params={**base.rule_params, **values})
+    if params:
+        try:
+            values = dict(parse_param(p) for p in params.split(","))
+        except ValueError as err:
+            raise ValueError(f"method {text!r}: {err}") from None
+        k = int(values.pop("k", base.k))
+        base = replace(base, name=text, k=k, rule_params={**base.rule_params, **values})
+    return base.in_context(context)
 
 
-def _parse_pair(pair: str, text: str) -> tuple[str, float]:
-    key, sep, value = pair.partition("=")
-    if not sep:
-        raise ValueError(f"method {text!r}: expected key=value, got {pair!r}")
-    return key.strip(), float(value)
+def load_methods(spec: str | None = None, config: str | Path | None = None,
+                 context: dict | None = None) -> list[Method]:
+    """Methods from a comma-separated list and/or a JSON config ``{"methods": [{name, drafter, rule, ...}]}``.
 
-
-def load_methods(spec: str | None = None, config: str | Path | None = None) -> list[Method]:
-    """Methods from a comma-separated list and/or a JSON config ``{"methods": [{name, drafter, rule, ...}]}``."""
-    methods = [parse_method(t) for t in _split(spec)] if spec else []
+    ``context``: rule arguments the run determines (``draft_calibration``, ``target_calibration``,
+    ``temperature``), given to the rules whose factories take them.
+    """
+    methods = [parse_method(t, context) for t in _split(spec)] if spec else []
     if config:
         path = Path(config)
         if not path.is_file():
             raise FileNotFoundError(f"method config not found: {path}")
-        methods += [Method(**m) for m in json.loads(path.read_text())["methods"]]
+        methods += [Method(**m).in_context(context) for m in json.loads(path.read_text())["methods"]]
     if not methods:
         raise ValueError("no methods given")
     names = [m.name for m in methods]

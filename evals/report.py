@@ -59,6 +59,10 @@ def summarise(run_dir: str | Path, reference: str = "vanilla", grader: str = "ma
             "wall_s": sum(r["total_time"] for r in rs),
             "acceptance_by_position": _by_position(rs),
             "reasons": _sum_reasons(rs),
+            "reasons_per_position": _sum_reasons_per_position(rs),
+            "new_tokens": sum(r["new_tokens"] for r in rs),
+            "drafted": drafted,
+            "drafted_per_position": _sum_lists(r["drafted_per_position"] for r in rs),
         }
         if m.name != reference:
             entry["vs_reference"] = mcnemar([by[(i, reference)]["grades"][grader] for i in ids],
@@ -73,16 +77,26 @@ def _accuracy(grades: list[bool]) -> dict:
     return {"correct": k, "n": n, "acc": k / n if n else 0.0, "ci95": [lo, hi]}
 
 
+def _sum_lists(lists) -> list[int]:
+    """Element-wise sum of lists of different lengths."""
+    total: list[int] = []
+    for add in lists:
+        total.extend([0] * (len(add) - len(total)))
+        for i, c in enumerate(add):
+            total[i] += c
+    return total
+
+
 def _by_position(rows: list[dict]) -> list[float]:
-    drafted: list[int] = []
-    accepted: list[int] = []
-    for r in rows:
-        for counts, add in ((drafted, r["drafted_per_position"]), (accepted, r["accepted_per_position"])):
-            counts.extend([0] * (len(add) - len(counts)))
-            for i, c in enumerate(add):
-                counts[i] += c
+    drafted = _sum_lists(r["drafted_per_position"] for r in rows)
+    accepted = _sum_lists(r["accepted_per_position"] for r in rows)
     accepted.extend([0] * (len(drafted) - len(accepted)))
     return [a / d for a, d in zip(accepted, drafted) if d]
+
+
+def _sum_reasons_per_position(rows: list[dict]) -> dict[str, list[int]]:
+    names = {k for r in rows for k in r.get("reasons_per_position", {})}
+    return {k: _sum_lists(r.get("reasons_per_position", {}).get(k, []) for r in rows) for k in sorted(names)}
 
 
 def _sum_reasons(rows: list[dict]) -> dict:
@@ -118,7 +132,22 @@ def markdown(summary: dict) -> str:
         p = f"{m['vs_reference']['p_value']:.3f}" if "vs_reference" in m else "-"
         lines.append(f"| {name} | {'yes' if m['lossless'] else 'no'} | {' | '.join(accs)} | {m['tau']:.2f} | "
                      f"{alpha} | {m['tok_s_median']:.2f} | {m['speedup_median']:.2f}x | {m['wall_s']:.0f} | {p} |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + _rule_events(summary)) + "\n"
+
+
+def _rule_events(summary: dict) -> list[str]:
+    """Lines on how often each rule's own decisions (beyond exact/ratio acceptance) happened, by position."""
+    lines = []
+    for name, m in summary["methods"].items():
+        for reason, count in sorted(m["reasons"].items()):
+            if reason in ("exact", "ratio") or not m.get("new_tokens"):
+                continue
+            by_pos = m.get("reasons_per_position", {}).get(reason, [])
+            shares = ", ".join(f"{100 * c / d:.1f}%" for c, d in zip(by_pos, m["drafted_per_position"]) if d)
+            lines.append(f"- `{name}` {reason}: {count} times, {100 * count / m['new_tokens']:.2f} per 100 new "
+                         f"tokens, {100 * count / max(m['drafted'], 1):.2f}% of drafted tokens"
+                         + (f"; by draft position: {shares}" if shares else ""))
+    return ["", "Rule events:", "", *lines] if lines else []
 
 
 def _fmt_acc(a: dict) -> str:

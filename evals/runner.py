@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from semverify import NoDrafter, PromptLookupDrafter, generate, get_rule, load_model
+from semverify import NoDrafter, PromptLookupDrafter, generate, load_model
 
 from .benchmarks import Problem, get_benchmark
 from .env import environment
@@ -113,7 +113,7 @@ def run_one(problem: Problem, method: Method, settings: RunSettings, target, tok
     seed = settings.seed * 1_000_003 + problem.id  # the same draws for every method on a problem
     kwargs = dict(max_new_tokens=settings.max_new_tokens, do_sample=settings.do_sample,
                   return_dict_in_generate=True, generator=torch.Generator().manual_seed(seed),
-                  acceptance=get_rule(method.rule, **method.rule_params), num_assistant_tokens=method.k)
+                  acceptance=method.build_rule(), num_assistant_tokens=method.k)
     if settings.do_sample:
         kwargs.update(temperature=settings.temperature, top_k=settings.top_k or 0, top_p=settings.top_p or 1.0)
     if method.drafter == "prompt_lookup":
@@ -132,6 +132,7 @@ def run_one(problem: Problem, method: Method, settings: RunSettings, target, tok
         "drafted": stats.drafted, "accepted": stats.accepted, "tau": stats.tau, "alpha": stats.alpha,
         "accept_lengths": stats.accept_lengths, "drafted_per_position": stats.drafted_per_position,
         "accepted_per_position": stats.accepted_per_position, "reasons": dict(stats.reasons),
+        "reasons_per_position": stats.reasons_per_position,
         "draft_time": stats.draft_time, "verify_time": stats.verify_time, "total_time": stats.total_time,
         "tok_s": stats.tokens_per_second,
     }

@@ -9,14 +9,20 @@ import sys
 import torch
 
 from .models import DEFAULT_DRAFT, DEFAULT_TARGET, OFFLINE_MODELS
-from .rules import available_rules
+from .rules import available_rules, parse_param
 
 
-def _rule_param(text: str) -> tuple[str, float]:
-    key, sep, value = text.partition("=")
-    if not sep:
-        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
-    return key, float(value)
+def _rule_param(text: str) -> tuple[str, object]:
+    try:
+        return parse_param(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def rule_context(draft: str | None, target: str, do_sample: bool, temperature: float | None) -> dict:
+    """What a run tells rules about itself: the models (EASD finds their calibrations) and temperature."""
+    return {"draft_calibration": draft, "target_calibration": target,
+            "temperature": (temperature or 1.0) if do_sample else 1.0}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -31,7 +37,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="draft K tokens by prompt lookup instead of a draft model")
     gen.add_argument("--rule", default="speculative", choices=available_rules(), help="acceptance rule")
     gen.add_argument("--rule-param", type=_rule_param, action="append", default=[], metavar="KEY=VALUE",
-                     help="rule constructor argument, e.g. posterior_threshold=0.09 (repeatable)")
+                     help="rule constructor argument, e.g. posterior_threshold=0.09 or percentile=80 "
+                          "(repeatable)")
     gen.add_argument("-k", "--num-draft-tokens", type=int, default=None, help="draft tokens per step (default 5)")
     gen.add_argument("--max-new-tokens", type=int, default=128)
     gen.add_argument("--do-sample", action="store_true")
@@ -46,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     cmp = sub.add_parser("compare", help="run several methods on the same benchmark problems (resumable)")
     cmp.add_argument("--methods", default="vanilla,sd,pld,typical",
                      help="comma-separated built-in methods, each optionally name:key=value,... "
-                          "(built-ins: vanilla, sd, sd_int8, pld, typical)")
+                          "(built-ins: vanilla, sd, sd_int8, pld, typical, easd)")
     cmp.add_argument("--config", default=None, help='JSON file {"methods": [{name, drafter, rule, rule_params, k}]}')
     cmp.add_argument("--target", default=DEFAULT_TARGET)
     cmp.add_argument("--draft", default=DEFAULT_DRAFT)
@@ -69,6 +76,15 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--reference", default="vanilla", help="method the others are tested against")
     rep.add_argument("--grader", default="math_verify", choices=["strict", "flexible", "math_verify"])
 
+    cal = sub.add_parser("calibrate", help="entropy percentiles of a model by teacher forcing (for easd)")
+    cal.add_argument("--model", required=True, help="alias, hub id, local folder or .gguf file")
+    cal.add_argument("--data", default="auto", help="GSM8K train jsonl path, 'hub' or 'auto'")
+    cal.add_argument("--limit", type=int, default=200, help="number of train solutions (default 200)")
+    cal.add_argument("--temperatures", default="1.0,0.7",
+                     help="comma-separated decoding temperatures to calibrate for (greedy uses 1.0)")
+    cal.add_argument("--dtype", default="bfloat16")
+    cal.add_argument("--out", default=None, help="JSON path (default: the semverify cache, found by model name)")
+
     sub.add_parser("rules", help="list the registered acceptance rules")
     sub.add_parser("models", help="list the offline model aliases")
     return parser
@@ -85,6 +101,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "compare":
         return _compare(args)
+    if args.command == "calibrate":
+        return _calibrate(args)
     if args.command == "report":
         from evals.report import report
 
@@ -100,7 +118,8 @@ def _compare(args: argparse.Namespace) -> int:
     from evals.runner import RunSettings, compare, shard_info
 
     try:  # every input error surfaces here, before a model is loaded
-        methods = load_methods(args.methods, args.config)
+        context = rule_context(args.draft, args.target, args.do_sample, args.temperature)
+        methods = load_methods(args.methods, args.config, context)
         get_benchmark(args.benchmark).load(args.data, args.limit)
     except (ValueError, FileNotFoundError) as err:
         sys.exit(f"semverify compare: {err}")
@@ -115,13 +134,46 @@ def _compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _calibrate(args: argparse.Namespace) -> int:
+    from evals.benchmarks import SHARED_TRAIN, get_benchmark
+
+    from .easd import calibrate_entropy, calibration_path
+    from .models import load_model
+
+    try:
+        temperatures = [float(t) for t in args.temperatures.split(",") if t.strip()]
+    except ValueError:
+        sys.exit(f"semverify calibrate: --temperatures must be numbers, got {args.temperatures!r}")
+    model, tokenizer = load_model(args.model, dtype=args.dtype)
+    try:
+        examples = get_benchmark("gsm8k").worked_examples(tokenizer, args.data, args.limit)
+    except FileNotFoundError as err:
+        sys.exit(f"semverify calibrate: {err}")
+    source = args.data
+    if source == "auto":
+        source = str(SHARED_TRAIN.name) if SHARED_TRAIN.is_file() else "hub"
+    calib = calibrate_entropy(model, tokenizer, examples, temperatures, model_name=args.model,
+                              corpus=f"gsm8k train ({source}), first {len(examples)} solutions, chat template")
+    path = calib.save(args.out or calibration_path(args.model))
+    for t in calib.quantiles:
+        print(f"T={t}: entropy p50={calib.threshold(50, float(t)):.3f} p80={calib.threshold(80, float(t)):.3f} "
+              f"p90={calib.threshold(90, float(t)):.3f} nats over {calib.n_tokens} tokens")
+    print(f"saved {path}")
+    return 0
+
+
 def _generate(args: argparse.Namespace) -> int:
     from .generation import generate
     from .models import load_model
-    from .rules import get_rule
+    from .rules import get_rule, with_context
 
     if args.draft and args.prompt_lookup:
         sys.exit("semverify: use --draft or --prompt-lookup, not both")
+    context = rule_context(args.draft, args.target, args.do_sample, args.temperature)
+    try:
+        rule = get_rule(args.rule, **with_context(args.rule, dict(args.rule_param), context))
+    except (ValueError, TypeError, FileNotFoundError) as err:
+        sys.exit(f"semverify generate: {err}")
     torch.manual_seed(args.seed)
     target, tokenizer = load_model(args.target, dtype=args.dtype)
     draft = load_model(args.draft, dtype=args.dtype)[0] if args.draft else None
@@ -134,7 +186,7 @@ def _generate(args: argparse.Namespace) -> int:
     sampling = {k: v for k, v in (("temperature", args.temperature), ("top_k", args.top_k),
                                   ("top_p", args.top_p)) if v is not None}
     out = generate(
-        target, input_ids, acceptance=get_rule(args.rule, **dict(args.rule_param)), assistant_model=draft,
+        target, input_ids, acceptance=rule, assistant_model=draft,
         prompt_lookup_num_tokens=args.prompt_lookup, num_assistant_tokens=args.num_draft_tokens,
         max_new_tokens=args.max_new_tokens, do_sample=args.do_sample, return_dict_in_generate=True,
         tokenizer=tokenizer, **sampling,

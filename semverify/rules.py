@@ -7,7 +7,8 @@ are tested on hand-built tensors; the loop is the only place that runs models.
 
 from __future__ import annotations
 
-from typing import Callable, Protocol, runtime_checkable
+import inspect
+from typing import Any, Callable, Protocol, runtime_checkable
 
 import torch
 
@@ -86,14 +87,18 @@ class SpeculativeSampling:
     def __call__(self, x: VerifyInput) -> Verdict:
         if not x.do_sample:
             return GreedyMatch()(x)
-        tokens, k = x.draft.tokens, x.k
-        p = x.target_probs  # [B, k+1, V]
-        p_x = p[:, :k].gather(-1, tokens[..., None]).squeeze(-1)
-        q = x.draft.probs
-        q_x = q.gather(-1, tokens[..., None]).squeeze(-1) if q is not None else torch.ones_like(p_x)
-        u = torch.rand(p_x.shape, generator=x.generator, device=p_x.device)
-        n = leading_true(u * q_x < p_x)  # strict: u can be 0, and p(x)=0 must never pass
-        return Verdict(n, draw_after(x, n), {"ratio": prefix_mask(n, k)})
+        n = leading_true(ratio_test(x))
+        return Verdict(n, draw_after(x, n), {"ratio": prefix_mask(n, x.k)})
+
+
+def ratio_test(x: VerifyInput) -> torch.BoolTensor:
+    """[B, k] outcome of ``u < p(x)/q(x)`` at every draft position, one uniform u each (drawn here)."""
+    tokens = x.draft.tokens
+    p_x = x.target_probs[:, : x.k].gather(-1, tokens[..., None]).squeeze(-1)
+    q = x.draft.probs
+    q_x = q.gather(-1, tokens[..., None]).squeeze(-1) if q is not None else torch.ones_like(p_x)
+    u = torch.rand(p_x.shape, generator=x.generator, device=p_x.device)
+    return u * q_x < p_x  # strict: u can be 0, and p(x)=0 must never pass
 
 
 def residual(p_n: torch.Tensor, q_n: torch.Tensor | None, token: torch.LongTensor) -> torch.Tensor:
@@ -177,6 +182,31 @@ def get_rule(rule: str | AcceptanceRule, **params) -> AcceptanceRule:
     if rule not in _RULES:
         raise ValueError(f"unknown acceptance rule {rule!r}; available: {', '.join(available_rules())}")
     return _RULES[rule](**params)
+
+
+def with_context(rule: str, params: dict[str, Any], context: dict[str, Any]) -> dict[str, Any]:
+    """``params`` plus the ``context`` entries (model names, temperature...) that rule ``rule``'s factory
+    takes and ``params`` does not set: how the CLI tells a rule like ``easd`` which models it serves."""
+    if rule not in _RULES:
+        return dict(params)
+    accepted = inspect.signature(_RULES[rule]).parameters
+    return {**{k: v for k, v in context.items() if k in accepted}, **params}
+
+
+def parse_param(text: str) -> tuple[str, Any]:
+    """``key=value`` -> (key, value), the value as int, float, bool or str: rule parameters as typed."""
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise ValueError(f"expected key=value, got {text!r}")
+    value = value.strip()
+    if value.lower() in ("true", "false"):
+        return key.strip(), value.lower() == "true"
+    for kind in (int, float):
+        try:
+            return key.strip(), kind(value)
+        except ValueError:
+            pass
+    return key.strip(), value
 
 
 register_rule("greedy", GreedyMatch)

@@ -32,7 +32,7 @@ def comparable(rows):
 
 
 def test_method_parsing_and_errors():
-    assert parse_method("sd") is BUILTIN["sd"]
+    assert parse_method("sd") == BUILTIN["sd"]
     m = parse_method("typical:posterior_threshold=0.2,k=3")
     assert m.k == 3 and m.rule_params == {"posterior_threshold": 0.2} and not m.lossless
     assert [x.name for x in load_methods("vanilla,typical:posterior_threshold=0.2,k=3,pld")] == [
@@ -40,7 +40,9 @@ def test_method_parsing_and_errors():
     with pytest.raises(ValueError, match="unknown method 'nope'"):
         parse_method("nope")
     with pytest.raises(ValueError, match="unknown acceptance rule"):
-        Method("x", "model", "no-such-rule")
+        Method("x", "model", "no-such-rule").in_context(None)
+    with pytest.raises(ValueError, match="expected key=value"):
+        parse_method("typical:0.2")
     with pytest.raises(ValueError, match="method names must be unique"):
         load_methods("sd,sd")
 
@@ -54,7 +56,7 @@ def test_rule_the_drafter_cannot_serve_is_refused():
 
     register_rule("needs-probs-test", NeedsProbs)
     with pytest.raises(ValueError, match="needs draft probabilities.*prompt_lookup"):
-        Method("bad", "prompt_lookup", "needs-probs-test")
+        Method("bad", "prompt_lookup", "needs-probs-test").in_context(None)
 
 
 @pytest.mark.parametrize("args, message", [

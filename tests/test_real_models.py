@@ -43,3 +43,31 @@ def test_qwen_pair_sampled_is_seeded_and_counts_add_up(qwen_pair):
     stats = first.spec_stats
     assert stats.new_tokens == 24 == sum(stats.accept_lengths) + stats.steps
     assert stats.reasons["ratio"] == stats.accepted and 0 < stats.alpha <= 1
+
+
+def test_qwen_pair_easd_calibrated_default_penalises_and_never_emits_the_draft(qwen_pair):
+    """EASD at the shipped 80th-percentile calibration (T=0.7) on a GSM8K prompt: every penalty
+    replaces the draft token; at +inf thresholds the same seed gives standard SD's exact output."""
+    from semverify import ModelDrafter, Sampler, get_rule, speculative_generate
+    from semverify.easd import EntropyAwareRule
+
+    target, draft, tokenizer = qwen_pair
+    ids = gsm8k_ids(tokenizer, 1)[0]
+    calibrated = get_rule("easd", percentile=80, draft_calibration="qwen2.5-coder-0.5b-instruct",
+                          target_calibration="qwen2.5-coder-1.5b-instruct", temperature=0.7)
+    seen = []
+
+    def on_step(event):
+        if event.verdict.reasons["penalty"].any():
+            n = int(event.verdict.n_accepted)
+            seen.append((int(event.verdict.next_token), int(event.draft.tokens[0, n])))
+
+    def run(rule, **extra):
+        return speculative_generate(target, ids, drafter=ModelDrafter(draft), rule=rule, num_draft_tokens=5,
+                                    max_new_tokens=64, sampler=Sampler(do_sample=True, temperature=0.7),
+                                    generator=torch.Generator().manual_seed(3), **extra)
+
+    _, stats = run(calibrated, on_step=on_step)
+    assert stats.reasons["penalty"] == len(seen) > 0
+    assert all(emitted != drafted for emitted, drafted in seen)
+    assert torch.equal(run(get_rule("speculative"))[0], run(EntropyAwareRule(float("inf"), float("inf")))[0])
