@@ -33,17 +33,22 @@ def mcnemar(a: list[bool], b: list[bool]) -> dict:
     return {"only_method": only_b, "only_reference": only_a, "p_value": p}
 
 
-def summarise(run_dir: str | Path, reference: str = "vanilla", grader: str = "math_verify") -> dict:
-    """Per-method metrics over the problems every method finished, and a paired test vs ``reference``."""
+def summarise(run_dir: str | Path, reference: str = "vanilla", grader: str = "math_verify",
+              paired: list[str] | None = None) -> dict:
+    """Per-method metrics over the problems every method finished: speedups against ``reference`` and
+    exact McNemar tests against each method in ``paired`` (default: the reference)."""
     run_dir = Path(run_dir)
     run = json.loads((run_dir / "run.json").read_text())
     methods = [Method(**m) for m in run["methods"]]
     names = [m.name for m in methods]
-    if reference not in names:
-        raise ValueError(f"reference method {reference!r} is not in this run ({', '.join(names)})")
+    paired = paired or [reference]
+    for name in (reference, *paired):
+        if name not in names:
+            raise ValueError(f"method {name!r} is not in this run ({', '.join(names)})")
     by = {(r["id"], r["method"]): r for r in read_rows(run_dir)}
     ids = sorted({i for i, _ in by if all((i, m) in by for m in names)})
-    out = {"run": run, "problems": len(ids), "reference": reference, "grader": grader, "methods": {}}
+    out = {"run": run, "problems": len(ids), "reference": reference, "paired": paired, "grader": grader,
+           "methods": {}}
     for m in methods:
         rs = [by[(i, m.name)] for i in ids]
         steps = sum(r["steps"] for r in rs)
@@ -64,9 +69,8 @@ def summarise(run_dir: str | Path, reference: str = "vanilla", grader: str = "ma
             "drafted": drafted,
             "drafted_per_position": _sum_lists(r["drafted_per_position"] for r in rs),
         }
-        if m.name != reference:
-            entry["vs_reference"] = mcnemar([by[(i, reference)]["grades"][grader] for i in ids],
-                                            [r["grades"][grader] for r in rs])
+        entry["paired"] = {other: mcnemar([by[(i, other)]["grades"][grader] for i in ids],
+                                          [r["grades"][grader] for r in rs]) for other in paired if other != m.name}
         out["methods"][m.name] = entry
     return out
 
@@ -121,17 +125,19 @@ def markdown(summary: dict) -> str:
         f"- machine: {env.get('cpu', '?')}, {env.get('torch_threads', '?')} threads, torch {env.get('torch', '?')}, "
         f"transformers {env.get('transformers', '?')}; run started {env.get('date', '?')}",
         f"- accuracy with 95% Wilson intervals; speedup = median per-problem tokens/s ratio vs "
-        f"`{summary['reference']}`; p = exact McNemar test vs `{summary['reference']}` on {summary['grader']}",
+        f"`{summary['reference']}`; p = exact McNemar test (paired, two-sided) on {summary['grader']}",
         "",
-        "| method | lossless | strict | flexible | math-verify | tau | alpha | tok/s | speedup | wall (s) | p vs ref |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| method | lossless | strict | flexible | math-verify | tau | alpha | tok/s | speedup | wall (s) | "
+        + " | ".join(f"p vs {o}" for o in summary["paired"]) + " |",
+        "|---" * (10 + len(summary["paired"])) + "|",
     ]
     for name, m in summary["methods"].items():
         accs = [_fmt_acc(m["accuracy"][g]) for g in GRADERS]
         alpha = f"{m['alpha']:.2f}" if m["alpha"] is not None else "-"
-        p = f"{m['vs_reference']['p_value']:.3f}" if "vs_reference" in m else "-"
+        ps = [f"{m['paired'][o]['p_value']:.3f}" if o in m["paired"] else "-" for o in summary["paired"]]
         lines.append(f"| {name} | {'yes' if m['lossless'] else 'no'} | {' | '.join(accs)} | {m['tau']:.2f} | "
-                     f"{alpha} | {m['tok_s_median']:.2f} | {m['speedup_median']:.2f}x | {m['wall_s']:.0f} | {p} |")
+                     f"{alpha} | {m['tok_s_median']:.2f} | {m['speedup_median']:.2f}x | {m['wall_s']:.0f} | "
+                     + " | ".join(ps) + " |")
     return "\n".join(lines + _rule_events(summary)) + "\n"
 
 
@@ -191,12 +197,13 @@ def plot(summary: dict, run_dir: Path) -> list[Path]:
     return [first, second]
 
 
-def report(run_dir: str | Path, reference: str = "vanilla", grader: str = "math_verify") -> str:
+def report(run_dir: str | Path, reference: str = "vanilla", grader: str = "math_verify",
+           paired: list[str] | None = None) -> str:
     """Write report.md, summary.json and the plots into ``run_dir``; returns the Markdown."""
     run_dir = Path(run_dir)
     if not (run_dir / "run.json").exists():
         raise FileNotFoundError(f"{run_dir} is not a run folder (no run.json); run `semverify compare` first")
-    summary = summarise(run_dir, reference, grader)
+    summary = summarise(run_dir, reference, grader, paired)
     text = markdown(summary)
     (run_dir / "report.md").write_text(text)
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))

@@ -73,7 +73,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     rep = sub.add_parser("report", help="table, paired test and plots for a compare run folder")
     rep.add_argument("run_dir")
-    rep.add_argument("--reference", default="vanilla", help="method the others are tested against")
+    rep.add_argument("--reference", default="vanilla", help="method speedups are measured against")
+    rep.add_argument("--paired", default=None,
+                     help="comma-separated methods to run the paired McNemar test against (default: the reference)")
     rep.add_argument("--grader", default="math_verify", choices=["strict", "flexible", "math_verify"])
 
     cal = sub.add_parser("calibrate", help="entropy percentiles of a model by teacher forcing (for easd)")
@@ -106,7 +108,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "report":
         from evals.report import report
 
-        print(report(args.run_dir, args.reference, args.grader))
+        paired = [m.strip() for m in args.paired.split(",") if m.strip()] if args.paired else None
+        try:
+            print(report(args.run_dir, args.reference, args.grader, paired))
+        except (ValueError, FileNotFoundError) as err:
+            sys.exit(f"semverify report: {err}")
         return 0
     return _generate(args)
 
