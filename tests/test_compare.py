@@ -47,9 +47,11 @@ def test_method_parsing_and_errors():
         load_methods("sd,sd")
 
 
-def test_rule_the_drafter_cannot_serve_is_refused():
+def test_rule_the_drafter_cannot_serve_is_refused(monkeypatch):
+    from semverify import rules
     from semverify.rules import SpeculativeSampling, register_rule
 
+    monkeypatch.setattr(rules, "_RULES", dict(rules._RULES))  # the test rule does not outlive the test
     class NeedsProbs(SpeculativeSampling):
         name = "needs-probs-test"
         needs_draft_probs = True
