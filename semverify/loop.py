@@ -14,6 +14,7 @@ from .drafters.base import Drafter
 from .rules import AcceptanceRule
 from .sampling import Sampler
 from .stats import SpecStats
+from .tree import depths, keep_path, require_full_attention, tree_attention_mask, tree_position_ids, verify_tree
 from .types import Draft, Verdict, VerifyInput
 
 
@@ -62,28 +63,44 @@ def speculative_generate(
             t0 = time.perf_counter()
             k = min(num_draft_tokens, max_new_tokens - stats.new_tokens - 1)
             draft = drafter.propose(seq, k, sampler, generator) if k > 0 else Draft.empty(1, seq.device)
-            _check_draft(draft, k, rule)
+            _check_draft(draft, k, rule, sampler)
             t1 = time.perf_counter()
-            n_draft = draft.length
+            n_draft, past, pending = draft.length, cache.get_seq_length(), seq.shape[1] - cache.get_seq_length()
+            tree = {}
+            if draft.is_tree:
+                require_full_attention(cache)
+                tree = dict(attention_mask=tree_attention_mask(draft.parents, past, pending, target.dtype, seq.device),
+                            position_ids=tree_position_ids(draft.parents, past, pending, seq.device))
             out = target(
-                input_ids=torch.cat([seq[:, cache.get_seq_length() :], draft.tokens], dim=1),
+                input_ids=torch.cat([seq[:, past:], draft.tokens], dim=1),
                 cache=cache,
                 use_cache=True,
                 logits_to_keep=n_draft + 1,
                 output_hidden_states=need_hidden,
+                **tree,
             )
             hidden = out.hidden_states[-1][:, -(n_draft + 1) :] if need_hidden else None
-            verdict = rule(VerifyInput(draft, sampler.warp(out.logits), sampler.do_sample, hidden, generator))
-            n = int(verdict.n_accepted[0])
+            x = VerifyInput(draft, sampler.warp(out.logits), sampler.do_sample, hidden, generator)
+            if draft.is_tree:
+                path, verdict = verify_tree(rule, x)
+                n = int(verdict.n_accepted[0])
+                keep_path(cache, past + pending, path[:n])
+                accepted = draft.tokens[:, path[:n]]
+                hidden = None if hidden is None else hidden[:, [0] + [i + 1 for i in path]]
+            else:
+                path, verdict = None, rule(x)
+                n = int(verdict.n_accepted[0])
+                accepted = draft.tokens[:, :n]
             t2 = time.perf_counter()
-            emitted = torch.cat([draft.tokens[:, :n], verdict.next_token[:, None]], dim=1)
+            emitted = torch.cat([accepted, verdict.next_token[:, None]], dim=1)
             stops = torch.isin(emitted[0], eos).nonzero()
             if len(stops):
                 emitted = emitted[:, : int(stops[0]) + 1]
             seq = torch.cat([seq, emitted], dim=1)
             keep_first(cache, seq.shape[1] - 1)
             drafter.commit(n, verdict.next_token, hidden)
-            stats.record_step(n_draft, n, emitted.shape[1], verdict.reasons)
+            stats.record_step(n_draft, n, emitted.shape[1], verdict.reasons,
+                              positions=len(path) if path is not None else None)
             stats.draft_time += t1 - t0
             stats.verify_time += t2 - t1
             if streamer is not None:
@@ -119,10 +136,15 @@ def _check_call(input_ids, drafter, rule, num_draft_tokens, max_new_tokens) -> N
         )
 
 
-def _check_draft(draft: Draft, k: int, rule: AcceptanceRule) -> None:
+def _check_draft(draft: Draft, k: int, rule: AcceptanceRule, sampler: Sampler) -> None:
     if draft.is_tree:
-        raise NotImplementedError("tree drafts need tree verification, which this loop does not do yet")
-    if draft.length > k:
+        if sampler.do_sample:
+            raise NotImplementedError("tree drafts are verified path by path, which is exact for greedy "
+                                      "decoding only; use do_sample=False or a chain drafter")
+        deepest = int(depths(draft.parents).max()) if draft.length else 0
+        if deepest > k:
+            raise ValueError(f"the drafter proposed a tree {deepest} tokens deep, deeper than the {k} asked for")
+    elif draft.length > k:
         raise ValueError(f"the drafter proposed {draft.length} tokens, more than the {k} asked for")
     if rule.needs_draft_probs and draft.length and draft.probs is None:
         raise ValueError(f"acceptance rule {rule.name!r} needs draft probabilities; this draft has none")

@@ -29,14 +29,19 @@ class SpecStats:
     verify_time: float = 0.0
     total_time: float = 0.0
 
-    def record_step(self, drafted: int, accepted: int, emitted: int, reasons: dict[str, torch.Tensor]) -> None:
-        """Count one target forward that checked ``drafted`` tokens, kept ``accepted``, emitted ``emitted``."""
+    def record_step(self, drafted: int, accepted: int, emitted: int, reasons: dict[str, torch.Tensor],
+                    positions: int | None = None) -> None:
+        """Count one target forward that checked ``drafted`` tokens, kept ``accepted``, emitted ``emitted``.
+
+        ``positions``: for a tree draft, the length of the path the rule chose (per-position counts
+        follow that path); a chain's positions are its ``drafted`` tokens.
+        """
         self.steps += 1
         self.drafted += drafted
         self.accepted += accepted
         self.new_tokens += emitted
         self.accept_lengths.append(accepted)
-        _add_prefix(self.drafted_per_position, drafted)
+        _add_prefix(self.drafted_per_position, drafted if positions is None else positions)
         _add_prefix(self.accepted_per_position, accepted)
         for name, mask in reasons.items():
             flags = mask[0].tolist()

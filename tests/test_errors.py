@@ -85,9 +85,19 @@ def test_padding_mask(target):
         generate(target, IDS, attention_mask=torch.tensor([[0] + [1] * 9]), max_new_tokens=4)
 
 
-def test_tree_draft_is_refused_by_the_chain_loop(target):
-    with pytest.raises(NotImplementedError, match="tree"):
-        generate(target, IDS, drafter=TreeDrafter(), max_new_tokens=4)
+def test_tree_draft_is_refused_when_sampling(target):
+    with pytest.raises(NotImplementedError, match="greedy decoding only"):
+        generate(target, IDS, drafter=TreeDrafter(), max_new_tokens=4, do_sample=True)
+    generate(target, IDS, drafter=TreeDrafter(), max_new_tokens=4)  # greedy: verified path by path
+
+
+def test_tree_deeper_than_k_is_refused(target):
+    class DeepTree(PromptLookupDrafter):
+        def propose(self, input_ids, k, sampler=None, generator=None):
+            return Draft(tokens=torch.tensor([[1, 2, 3]]), parents=torch.tensor([-1, 0, -1]))
+
+    with pytest.raises(ValueError, match="2 tokens deep"):
+        generate(target, IDS, drafter=DeepTree(), max_new_tokens=8, num_assistant_tokens=1)
 
 
 def test_draft_shapes_are_checked():
