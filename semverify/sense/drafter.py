@@ -1,0 +1,117 @@
+"""Retrieval drafting (SENSE's SEN, and REST/DReSD as special cases): candidates from exact suffix
+matches and from the target's own hidden states, ranked by a composite score, merged into a trie."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..sampling import Sampler
+from ..tree import draft_from_sequences
+from ..types import Draft
+from .datastore import Datastore
+
+
+class RetrievalDrafter:
+    """Drafts up to ``num_candidates`` continuations (each at most k tokens) as one tree.
+
+    - lexical (REST): the longest suffix of the context, up to ``max_ngram`` tokens, matched exactly
+      in the datastore corpus and in the context itself; score ``alpha * n / max_ngram``.
+    - semantic (SEN, DReSD): cosine nearest neighbours of the target's hidden state at the last
+      accepted position, among static keys and the keys of this generation's accepted positions (the
+      dynamic store). The state predicted the token just emitted, so a neighbour is kept only if its
+      next corpus token equals that token (DReSD's filter); score ``beta * cosine``.
+    ``alpha >> beta`` ranks exact matches first with cosine as the tie-break, as SENSE's Eq. 8 does.
+    """
+
+    gives_probs = False
+
+    def __init__(self, datastore: Datastore | None = None, num_candidates: int = 10, lexical: bool = True,
+                 semantic: bool = True, max_ngram: int = 8, alpha: float = 1.0, beta: float = 0.01,
+                 pool: int = 64, dynamic: bool = True) -> None:
+        if not (lexical or semantic):
+            raise ValueError("a retrieval drafter needs lexical or semantic retrieval (or both)")
+        if semantic and datastore is None and not dynamic:
+            raise ValueError("semantic retrieval needs a datastore or the dynamic store")
+        if num_candidates < 1 or max_ngram < 1 or pool < 1:
+            raise ValueError("num_candidates, max_ngram and pool must be >= 1")
+        self.store, self.n, self.lexical, self.semantic = datastore, num_candidates, lexical, semantic
+        self.max_ngram, self.alpha, self.beta, self.pool, self.dynamic = max_ngram, alpha, beta, pool, dynamic
+        self.needs_target_hidden = semantic
+        self.reset(None)
+
+    def reset(self, input_ids: torch.LongTensor | None) -> None:
+        self.query: torch.Tensor | None = None
+        self.dyn_keys: list[torch.Tensor] = []
+        self.dyn_pos: list[int] = []
+        self._start = 0
+
+    def propose(self, input_ids: torch.LongTensor, k: int, sampler: Sampler,
+                generator: torch.Generator | None) -> Draft:
+        self._start = input_ids.shape[1]
+        seq = input_ids[0].tolist()
+        scored: dict[tuple[int, ...], float] = {}
+        if self.lexical:
+            self._lexical(seq, k, scored)
+        if self.semantic and self.query is not None:
+            self._semantic(seq, k, scored)
+        best = sorted(scored.items(), key=lambda kv: -kv[1])[: self.n]
+        return draft_from_sequences([list(c) for c, _ in best], input_ids.device)
+
+    def _add(self, scored: dict, cont: list[int], score: float) -> None:
+        if cont:
+            key = tuple(cont)
+            scored[key] = max(score, scored.get(key, float("-inf")))
+
+    def _lexical(self, seq: list[int], k: int, scored: dict) -> None:
+        """Longest exact suffix matches first, in the static corpus then the context itself."""
+        context = np.asarray(seq, dtype=np.int64)
+        for n in range(min(self.max_ngram, len(seq) - 1), 0, -1):
+            suffix = seq[-n:]
+            if self.store is not None:
+                for pos in self.store.suffix_matches(suffix, self.n).tolist():
+                    self._add(scored, self.store.continuation(pos, k), self.alpha * n / self.max_ngram
+                              + self.beta * self._cosine_at(pos - 1))
+            windows = np.lib.stride_tricks.sliding_window_view(context[:-1], n)
+            for start in np.nonzero((windows == context[-n:]).all(axis=1))[0][::-1][: self.n].tolist():
+                self._add(scored, seq[start + n : start + n + k], self.alpha * n / self.max_ngram)
+            if len(scored) >= self.n:
+                return
+
+    def _semantic(self, seq: list[int], k: int, scored: dict) -> None:
+        last = seq[-1]
+        if self.store is not None:
+            cos, idx = self.store.nearest(self.query, self.pool)
+            for c, i in zip(cos.tolist(), idx.tolist()):
+                cont = self.store.continuation(int(self.store.positions[i]), k + 1)
+                if len(cont) > 1 and cont[0] == last:
+                    self._add(scored, cont[1:], self.beta * c)
+        if self.dynamic and self.dyn_keys:
+            keys = torch.stack(self.dyn_keys)
+            cos = keys @ self.query
+            for c, j in zip(*(t.tolist() for t in torch.topk(cos, min(self.pool, len(cos))))):
+                pos = self.dyn_pos[j]
+                if pos < len(seq) - 1 and seq[pos] == last:
+                    self._add(scored, seq[pos + 1 : pos + 1 + k], self.beta * c)
+
+    def _cosine_at(self, entry_position: int) -> float:
+        """Cosine between the query and the static key stored for corpus position ``entry_position``."""
+        if self.query is None or not self.semantic:
+            return 0.0
+        i = int(torch.searchsorted(self.store.positions, torch.tensor(entry_position)))
+        if i >= self.store.size or int(self.store.positions[i]) != entry_position:
+            return 0.0
+        return float(self.store.keys[i].float() @ self.query)
+
+    def commit(self, n_accepted: int, next_token: torch.LongTensor, target_hidden=None) -> None:
+        """Keep the state that predicted ``next_token`` as the next query; grow the dynamic store."""
+        if target_hidden is None or not self.semantic:
+            return
+        rows = target_hidden[0, : n_accepted + 1]
+        reduced = self.store.reduce(rows) if self.store is not None else torch.nn.functional.normalize(
+            rows.float(), dim=-1)
+        self.query = reduced[-1]
+        if self.dynamic:
+            # row i is the state at position start-1+i, which predicted the token at start+i
+            self.dyn_keys.extend(reduced)
+            self.dyn_pos.extend(range(self._start, self._start + n_accepted + 1))

@@ -1,0 +1,147 @@
+"""SENSE retrieval: datastore build/save/load, exact suffix lookup, the retrieval drafter in the loop."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from semverify import generate, get_rule
+from semverify.loop import speculative_generate
+from semverify.sense.datastore import SEPARATOR, Datastore, DatastoreError, build_datastore, collect_states, describe
+from semverify.sense.drafter import RetrievalDrafter
+from semverify.tree import leaf_paths
+
+from .conftest import byte_tokenizer, tiny_model
+
+ANSWERS = [
+    "Natalia sold 48 / 2 = 24 clips in May. 48 + 24 = 72.\nFinal Answer: 72",
+    "Weng earns 12 / 60 = 0.2 per minute. 0.2 * 50 = 10.\nFinal Answer: 10",
+    "Betty has 100 / 2 = 50. Her parents give 15, grandparents 30. 50 + 15 + 30 = 95.\nFinal Answer: 5",
+    "James writes 3 * 2 = 6 pages a week... 6 * 52 = 312 pages a year.\nFinal Answer: 312",
+]
+
+
+@pytest.fixture(scope="module")
+def tiny_store(tmp_path_factory):
+    tok = byte_tokenizer()
+    model = tiny_model(0, arch="llama", vocab=len(tok))
+    examples = [(tok.apply_chat_template([{"role": "user", "content": f"Question {i}"}], tokenize=False,
+                                         add_generation_prompt=True), a) for i, a in enumerate(ANSWERS)]
+    parts = tmp_path_factory.mktemp("states")
+    collect_states(model, tok, examples, parts, shard_size=3, progress=False)
+    return model, tok, build_datastore(parts, dim=16, model_name="tiny", corpus="test answers"), parts
+
+
+def test_build_layout(tiny_store):
+    _, tok, store, _ = tiny_store
+    lengths = [len(tok(a, add_special_tokens=False).input_ids) for a in ANSWERS]
+    assert store.size == sum(lengths) and store.keys.shape == (sum(lengths), 16)
+    assert (store.tokens == SEPARATOR).sum() == len(ANSWERS)
+    assert torch.allclose(store.keys.norm(dim=-1), torch.ones(store.size), atol=1e-2)
+    first = tok(ANSWERS[0], add_special_tokens=False).input_ids
+    assert store.continuation(0, 5) == first[:5]
+    assert store.continuation(len(first) - 2, 10) == first[-2:]  # stops at the text boundary
+    info = describe(store)
+    assert info["entries"] == store.size and info["texts"] == len(ANSWERS) and info["disk_mb"] > 0
+
+
+def test_suffix_matches_agree_with_brute_force(tiny_store):
+    store = tiny_store[2]
+    tokens = store.tokens.tolist()
+    rng = np.random.default_rng(0)
+    for _ in range(40):
+        start = int(rng.integers(0, len(tokens) - 4))
+        n = int(rng.integers(1, 5))
+        suffix = tokens[start : start + n]
+        if SEPARATOR in suffix:
+            continue
+        brute = sorted(i + n for i in range(len(tokens) - n + 1) if tokens[i : i + n] == suffix)
+        assert sorted(store.suffix_matches(suffix, 10_000).tolist()) == brute
+    assert store.suffix_matches([10**6], 5).size == 0 and store.suffix_matches([], 5).size == 0
+
+
+def test_saved_and_loaded_store_retrieves_identically(tiny_store, tmp_path):
+    model, tok, store, _ = tiny_store
+    loaded = Datastore.load(store.save(tmp_path / "store.pt"))
+    assert loaded.meta == store.meta and np.array_equal(loaded.tokens, store.tokens)
+    queries = store.reduce(torch.randn(5, model.config.hidden_size, generator=torch.Generator().manual_seed(0)))
+    for q in queries:
+        a, b = store.nearest(q, 7), loaded.nearest(q, 7)
+        assert torch.equal(a[1], b[1]) and torch.allclose(a[0], b[0])
+    assert loaded.suffix_matches([int(store.tokens[3])], 50).tolist() == store.suffix_matches(
+        [int(store.tokens[3])], 50).tolist()
+
+
+def test_bad_datastores_give_clear_errors(tiny_store, tmp_path):
+    _, _, store, _ = tiny_store
+    with pytest.raises(DatastoreError, match="hidden size 32"):
+        store.reduce(torch.randn(1, 48))
+    with pytest.raises(DatastoreError, match="hidden size"):
+        store.check_model("tiny", 48)
+    with pytest.raises(DatastoreError, match="built for tiny, not other-model"):
+        store.check_model("other-model", store.hidden_size)
+    corrupt = tmp_path / "corrupt.pt"
+    corrupt.write_bytes(b"not a datastore at all")
+    with pytest.raises(DatastoreError, match="not a readable semverify datastore"):
+        Datastore.load(corrupt)
+    with pytest.raises(FileNotFoundError, match="semverify datastore"):
+        Datastore.load(tmp_path / "missing.pt")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(DatastoreError, match="no collected states"):
+        build_datastore(empty)
+    torch.save({"states": [], "tokens": []}, empty / "shard00000.pt")
+    with pytest.raises(DatastoreError, match="empty"):
+        build_datastore(empty)
+
+
+def test_collect_resumes_from_finished_shards(tiny_store, tmp_path):
+    model, tok, store, parts = tiny_store
+    examples = [("p", a) for a in ANSWERS]
+    copy = tmp_path / "parts"
+    copy.mkdir()
+    (copy / "shard00000.pt").write_bytes((parts / "shard00000.pt").read_bytes())
+    mtime = (copy / "shard00000.pt").stat().st_mtime_ns
+    collect_states(model, tok, examples, copy, shard_size=3, progress=False)
+    assert (copy / "shard00000.pt").stat().st_mtime_ns == mtime and (copy / "shard00001.pt").exists()
+
+
+@pytest.mark.parametrize("lexical, semantic", [(True, False), (False, True), (True, True)])
+def test_retrieval_drafting_with_exact_verification_equals_greedy(tiny_store, lexical, semantic):
+    model, tok, store, _ = tiny_store
+    prompt = tok.apply_chat_template([{"role": "user", "content": "Question 0"}], tokenize=False,
+                                     add_generation_prompt=True) + ANSWERS[0][:20]
+    ids = tok(prompt, return_tensors="pt", add_special_tokens=False).input_ids
+    expected = model.generate(ids, do_sample=False, max_new_tokens=40)
+    for rule in (get_rule("greedy"), get_rule("sense", theta_e=1.0)):
+        drafter = RetrievalDrafter(store, num_candidates=6, lexical=lexical, semantic=semantic)
+        out, stats = speculative_generate(model, ids, drafter=drafter, rule=rule, num_draft_tokens=6,
+                                          max_new_tokens=40)
+        assert torch.equal(out, expected)
+        assert stats.drafted > 0
+
+
+def test_drafter_proposes_a_trie_of_corpus_continuations(tiny_store):
+    _, tok, store, _ = tiny_store
+    drafter = RetrievalDrafter(store, num_candidates=4, semantic=False)
+    context = tok("clips in May. 48 + 24", add_special_tokens=False).input_ids
+    draft = drafter.propose(torch.tensor([context]), 5, None, None)
+    expected = tok(" = 72.\nFinal", add_special_tokens=False).input_ids[:5]
+    paths = leaf_paths(draft.parents) if draft.is_tree else [list(range(draft.length))]
+    assert expected in [[int(draft.tokens[0, i]) for i in path] for path in paths]
+
+
+def test_generate_with_a_retrieval_drafter_and_the_sense_rule(tiny_store):
+    model, tok, store, _ = tiny_store
+    ids = tok("Natalia sold 48 / 2", return_tensors="pt", add_special_tokens=False).input_ids
+    out = generate(model, ids, drafter=RetrievalDrafter(store), acceptance="sense", max_new_tokens=20,
+                   num_assistant_tokens=6, return_dict_in_generate=True)
+    assert out.sequences.shape[1] == ids.shape[1] + 20 and out.spec_stats.steps <= 20
+
+
+def test_drafter_parameter_errors(tiny_store):
+    with pytest.raises(ValueError, match="lexical or semantic"):
+        RetrievalDrafter(tiny_store[2], lexical=False, semantic=False)
+    with pytest.raises(ValueError, match="datastore or the dynamic store"):
+        RetrievalDrafter(None, semantic=True, dynamic=False)
