@@ -13,7 +13,9 @@ from pathlib import Path
 
 from semverify.rules import get_rule, parse_param, with_context
 
-DRAFTERS = ("none", "model", "model_int8", "prompt_lookup")
+# retrieval drafter kinds -> RetrievalDrafter switches (REST: exact suffix; DReSD: hidden states; SEN: both)
+RETRIEVAL = {"rest": {"semantic": False}, "dresd": {"lexical": False}, "sen": {}}
+DRAFTERS = ("none", "model", "model_int8", "prompt_lookup", *RETRIEVAL)
 
 
 @dataclass(frozen=True)
@@ -40,7 +42,7 @@ class Method:
             rule = method.build_rule()
         except (ValueError, TypeError, FileNotFoundError) as err:
             raise ValueError(f"method {self.name!r}: {err}") from err
-        if rule.needs_draft_probs and self.drafter in ("none", "prompt_lookup"):
+        if rule.needs_draft_probs and not self.needs_draft_model:
             raise ValueError(f"method {self.name!r}: rule {self.rule!r} needs draft probabilities, which the "
                              f"{self.drafter!r} drafter cannot give; use drafter 'model'")
         return method
@@ -68,6 +70,13 @@ BUILTIN = {m.name: m for m in (
     Method("pld", "prompt_lookup", k=10),
     Method("typical", "model", "typical"),
     Method("easd", "model", "easd", {"percentile": 80}),
+    # SENSE and its ablations on one datastore (--datastore): retrieval drafts 8 deep, greedy verification
+    Method("rest", "rest", "greedy", k=8),
+    Method("dresd", "dresd", "greedy", k=8),
+    Method("sense", "sen", "sense", k=8),
+    Method("sense_no_sen", "rest", "sense", k=8),
+    Method("sense_no_se", "sen", "greedy", k=8),
+    Method("fly", "rest", "fly", k=8),
 )}
 
 

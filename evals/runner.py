@@ -17,11 +17,12 @@ import torch
 from tqdm import tqdm
 
 from semverify import NoDrafter, PromptLookupDrafter, generate, load_model
+from semverify.sense import Datastore, RetrievalDrafter
 
 from .benchmarks import Problem, get_benchmark
 from .env import environment
 from .grading import grade
-from .methods import Method
+from .methods import RETRIEVAL, Method
 from .rows import RowWriter, read_rows
 
 
@@ -42,6 +43,7 @@ class RunSettings:
     top_k: int | None = None
     top_p: float | None = None
     seed: int = 0
+    datastore: str | None = None  # retrieval drafters' datastore file (semverify datastore)
 
 
 def shard_info() -> tuple[int, int]:
@@ -59,7 +61,10 @@ def prepare_run(out: Path, settings: RunSettings, methods: list[Method]) -> None
     path = out / "run.json"
     if path.exists():
         old = json.loads(path.read_text())
-        if {k: old[k] for k in spec} != spec:
+        # settings added to semverify after a run started are unset (None) in its resume
+        new_unset = {k for k, v in spec["settings"].items() if v is None and k not in old["settings"]}
+        current = {**spec, "settings": {k: v for k, v in spec["settings"].items() if k not in new_unset}}
+        if {k: old[k] for k in spec} != current:
             raise ValueError(f"{out} holds a run with other settings or methods; resume it with the same "
                              "command or choose a new --out")
         return
@@ -89,6 +94,8 @@ def compare(settings: RunSettings, methods: list[Method], out: str | Path) -> Pa
         drafts["model"] = load_model(settings.draft, dtype=settings.dtype)[0]
     if any(m.drafter == "model_int8" for m in methods):
         drafts["model_int8"] = load_model(settings.draft, quantize="int8")[0]
+    if any(m.drafter in RETRIEVAL for m in methods):
+        drafts["datastore"] = load_datastore(settings.datastore, settings.target, target)
 
     writer = RowWriter(out / f"rows.rank{rank}.jsonl")
     live: dict[str, list] = {}
@@ -107,6 +114,15 @@ def compare(settings: RunSettings, methods: list[Method], out: str | Path) -> Pa
     return out
 
 
+def load_datastore(path: str | None, target_name: str, target) -> Datastore | None:
+    """The datastore for retrieval drafters, checked against the target (None: context lookup only)."""
+    if path is None:
+        return None
+    store = Datastore.load(path)
+    store.check_model(target_name, target.config.get_text_config().hidden_size)
+    return store
+
+
 def run_one(problem: Problem, method: Method, settings: RunSettings, target, tokenizer, drafts, bench) -> dict:
     """Decode one problem with one method and grade it; returns the JSONL row."""
     ids = tokenizer(bench.prompt(tokenizer, problem, settings.template), return_tensors="pt").input_ids
@@ -120,6 +136,8 @@ def run_one(problem: Problem, method: Method, settings: RunSettings, target, tok
         kwargs["drafter"] = PromptLookupDrafter(eos_token_id=target.generation_config.eos_token_id)
     elif method.drafter == "none":
         kwargs["drafter"] = NoDrafter()
+    elif method.drafter in RETRIEVAL:
+        kwargs["drafter"] = RetrievalDrafter(drafts["datastore"], **RETRIEVAL[method.drafter])
     else:
         kwargs["assistant_model"] = drafts[method.drafter]
     result = generate(target, ids, **kwargs)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 import torch
 
@@ -53,7 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
     cmp = sub.add_parser("compare", help="run several methods on the same benchmark problems (resumable)")
     cmp.add_argument("--methods", default="vanilla,sd,pld,typical",
                      help="comma-separated built-in methods, each optionally name:key=value,... "
-                          "(built-ins: vanilla, sd, sd_int8, pld, typical, easd)")
+                          "(built-ins: vanilla, sd, sd_int8, pld, typical, easd, rest, dresd, sense, sense_no_sen, "
+                          "sense_no_se, fly)")
     cmp.add_argument("--config", default=None, help='JSON file {"methods": [{name, drafter, rule, rule_params, k}]}')
     cmp.add_argument("--target", default=DEFAULT_TARGET)
     cmp.add_argument("--draft", default=DEFAULT_DRAFT)
@@ -68,6 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
     cmp.add_argument("--top-p", type=float, default=None)
     cmp.add_argument("--seed", type=int, default=0)
     cmp.add_argument("--dtype", default="bfloat16")
+    cmp.add_argument("--datastore", default=None,
+                     help="datastore file for the retrieval methods (rest, dresd, sense, ...); see `semverify datastore`")
     cmp.add_argument("--out", required=True, help="run folder; rerun the same command to resume")
     cmp.add_argument("--no-report", action="store_true", help="skip writing the report at the end")
 
@@ -87,6 +91,14 @@ def build_parser() -> argparse.ArgumentParser:
     cal.add_argument("--dtype", default="bfloat16")
     cal.add_argument("--out", default=None, help="JSON path (default: the semverify cache, found by model name)")
 
+    ds = sub.add_parser("datastore", help="build a SENSE datastore of the target's hidden states (resumable)")
+    ds.add_argument("--model", default=DEFAULT_TARGET, help="the target model the datastore serves")
+    ds.add_argument("--data", default="auto", help="GSM8K train jsonl path, 'hub' or 'auto'")
+    ds.add_argument("--limit", type=int, default=2000, help="number of train solutions (default 2000)")
+    ds.add_argument("--dim", type=int, default=256, help="PCA dimension of the keys")
+    ds.add_argument("--dtype", default="bfloat16", help="use the dtype you will decode with")
+    ds.add_argument("--out", required=True, help="datastore file (.pt); states go to OUT.parts/ so a rerun resumes")
+
     sub.add_parser("rules", help="list the registered acceptance rules")
     sub.add_parser("models", help="list the offline model aliases")
     return parser
@@ -105,6 +117,8 @@ def main(argv: list[str] | None = None) -> int:
         return _compare(args)
     if args.command == "calibrate":
         return _calibrate(args)
+    if args.command == "datastore":
+        return _datastore(args)
     if args.command == "report":
         from evals.report import report
 
@@ -119,24 +133,47 @@ def main(argv: list[str] | None = None) -> int:
 
 def _compare(args: argparse.Namespace) -> int:
     from evals.benchmarks import get_benchmark
-    from evals.methods import load_methods
+    from evals.methods import RETRIEVAL, load_methods
     from evals.report import report
     from evals.runner import RunSettings, compare, shard_info
 
     try:  # every input error surfaces here, before a model is loaded
         context = rule_context(args.draft, args.target, args.do_sample, args.temperature)
         methods = load_methods(args.methods, args.config, context)
+        retrieval = [m.name for m in methods if m.drafter in RETRIEVAL]
+        if retrieval and not args.datastore:
+            raise ValueError(f"methods {', '.join(retrieval)} draft by retrieval and need --datastore FILE "
+                             "(build one with `semverify datastore`)")
+        if args.datastore and not Path(args.datastore).is_file():
+            raise FileNotFoundError(f"datastore not found: {args.datastore}")
         get_benchmark(args.benchmark).load(args.data, args.limit)
     except (ValueError, FileNotFoundError) as err:
         sys.exit(f"semverify compare: {err}")
     settings = RunSettings(
         target=args.target, draft=args.draft, dtype=args.dtype, benchmark=args.benchmark, data=args.data,
         template=args.template, limit=args.limit, max_new_tokens=args.max_new_tokens, do_sample=args.do_sample,
-        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
+        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed, datastore=args.datastore,
     )
     out = compare(settings, methods, args.out)
     if not args.no_report and shard_info() == (0, 1):
         print(report(out))
+    return 0
+
+
+def _datastore(args: argparse.Namespace) -> int:
+    from evals.benchmarks import get_benchmark
+
+    from .models import load_model
+    from .sense import timed_build
+
+    model, tokenizer = load_model(args.model, dtype=args.dtype)
+    try:
+        examples = get_benchmark("gsm8k").worked_examples(tokenizer, args.data, args.limit)
+    except FileNotFoundError as err:
+        sys.exit(f"semverify datastore: {err}")
+    _, info = timed_build(model, tokenizer, examples, args.out, args.dim, model_name=args.model,
+                          corpus=f"gsm8k train ({args.data}), first {len(examples)} solutions as answers (OOD)")
+    print(json.dumps(info, indent=2))
     return 0
 
 

@@ -71,3 +71,21 @@ def test_qwen_pair_easd_calibrated_default_penalises_and_never_emits_the_draft(q
     assert stats.reasons["penalty"] == len(seen) > 0
     assert all(emitted != drafted for emitted, drafted in seen)
     assert torch.equal(run(get_rule("speculative"))[0], run(EntropyAwareRule(float("inf"), float("inf")))[0])
+
+
+def test_smollm_sense_at_theta_one_matches_greedy(smollm, tmp_path):
+    """SENSE (retrieval drafts on SmolLM2's own hidden states, soft gate at theta_e = 1) equals greedy
+    decoding token for token in fp32; the datastore is built here from 40 GSM8K train solutions."""
+    from semverify import get_rule, speculative_generate
+    from semverify.sense import RetrievalDrafter, timed_build
+
+    model, tokenizer = smollm
+    examples = GSM8K().worked_examples(tokenizer, limit=40)
+    store, info = timed_build(model, tokenizer, examples, tmp_path / "smol.pt", dim=64, model_name="smollm2")
+    assert info["texts"] == 40 and info["entries"] > 2000
+    for ids in gsm8k_ids(tokenizer, 2):
+        expected = model.generate(ids, do_sample=False, max_new_tokens=48)
+        out, stats = speculative_generate(model, ids, drafter=RetrievalDrafter(store), rule=get_rule("sense", theta_e=1.0),
+                                          num_draft_tokens=8, max_new_tokens=48)
+        assert torch.equal(out, expected)
+        assert stats.accepted > 0

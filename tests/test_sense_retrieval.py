@@ -145,3 +145,40 @@ def test_drafter_parameter_errors(tiny_store):
         RetrievalDrafter(tiny_store[2], lexical=False, semantic=False)
     with pytest.raises(ValueError, match="datastore or the dynamic store"):
         RetrievalDrafter(None, semantic=True, dynamic=False)
+
+
+def test_datastore_cli_then_compare_with_sense_methods(tmp_path, tiny_checkpoint):
+    import json
+
+    from semverify.cli import main
+
+    problems = [{"question": f"What is {a} + {a}?", "answer": f"{a} + {a} = {2 * a}.\n#### {2 * a}"} for a in range(6)]
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps(p) + "\n" for p in problems))
+    store = tmp_path / "store.pt"
+    assert main(["datastore", "--model", str(tiny_checkpoint), "--data", str(data), "--limit", "5", "--dim", "8",
+                 "--dtype", "float32", "--out", str(store)]) == 0
+    info = json.loads(store.with_suffix(".json").read_text())
+    assert info["texts"] == 5 and info["entries"] > 0 and info["dim"] == 8
+
+    out = tmp_path / "run"
+    main(["compare", "--target", str(tiny_checkpoint), "--data", "sample", "--limit", "2", "--max-new-tokens", "10",
+          "--dtype", "float32", "--methods", "vanilla,rest,sense,sense_no_se", "--datastore", str(store),
+          "--out", str(out), "--no-report"])
+    rows = [json.loads(line) for line in (out / "rows.rank0.jsonl").open()]
+    assert len(rows) == 8
+    by = {(r["id"], r["method"]): r for r in rows}
+    for i in range(2):  # exact verification of retrieval drafts keeps the target's greedy output
+        assert by[(i, "rest")]["output"] == by[(i, "vanilla")]["output"] == by[(i, "sense_no_se")]["output"]
+
+
+def test_retrieval_methods_need_a_datastore_before_models_load(tmp_path):
+    from semverify.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main(["compare", "--target", "/no/such/model", "--methods", "vanilla,sense", "--out", str(tmp_path / "r")])
+    assert "need --datastore" in str(info.value)
+    with pytest.raises(SystemExit) as info:
+        main(["compare", "--target", "/no/such/model", "--methods", "rest", "--datastore", str(tmp_path / "x.pt"),
+              "--out", str(tmp_path / "r")])
+    assert "datastore not found" in str(info.value)
