@@ -15,7 +15,7 @@ from semverify.rules import get_rule, parse_param, with_context
 
 # retrieval drafter kinds -> RetrievalDrafter switches (REST: exact suffix; DReSD: hidden states; SEN: both)
 RETRIEVAL = {"rest": {"semantic": False}, "dresd": {"lexical": False}, "sen": {}}
-DRAFTERS = ("none", "model", "model_int8", "prompt_lookup", *RETRIEVAL)
+DRAFTERS = ("none", "model", "model_int8", "prompt_lookup", "step", *RETRIEVAL)  # step: SemanticSpec's StepDrafter
 
 
 @dataclass(frozen=True)
@@ -56,7 +56,7 @@ class Method:
 
     @property
     def needs_draft_model(self) -> bool:
-        return self.drafter in ("model", "model_int8")
+        return self.drafter in ("model", "model_int8", "step")
 
     def to_dict(self) -> dict:
         return {"name": self.name, "drafter": self.drafter, "rule": self.rule, "rule_params": self.rule_params,
@@ -77,6 +77,8 @@ BUILTIN = {m.name: m for m in (
     Method("sense_no_sen", "rest", "sense", k=8),
     Method("sense_no_se", "sen", "greedy", k=8),
     Method("fly", "rest", "fly", k=8),
+    # SemanticSpec: whole steps of up to k tokens, probes found by the models' names
+    Method("semanticspec", "step", "semanticspec", {"r_min": 0.5}, k=128),
 )}
 
 

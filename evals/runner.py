@@ -17,6 +17,7 @@ import torch
 from tqdm import tqdm
 
 from semverify import NoDrafter, PromptLookupDrafter, generate, load_model
+from semverify.semanticspec import StepDrafter, StepSegmenter
 from semverify.sense import Datastore, RetrievalDrafter
 
 from .benchmarks import Problem, get_benchmark
@@ -90,7 +91,7 @@ def compare(settings: RunSettings, methods: list[Method], out: str | Path) -> Pa
 
     target, tokenizer = load_model(settings.target, dtype=settings.dtype)
     drafts = {}
-    if any(m.drafter == "model" for m in methods):
+    if any(m.drafter in ("model", "step") for m in methods):
         drafts["model"] = load_model(settings.draft, dtype=settings.dtype)[0]
     if any(m.drafter == "model_int8" for m in methods):
         drafts["model_int8"] = load_model(settings.draft, quantize="int8")[0]
@@ -136,6 +137,8 @@ def run_one(problem: Problem, method: Method, settings: RunSettings, target, tok
         kwargs["drafter"] = PromptLookupDrafter(eos_token_id=target.generation_config.eos_token_id)
     elif method.drafter == "none":
         kwargs["drafter"] = NoDrafter()
+    elif method.drafter == "step":
+        kwargs["drafter"] = StepDrafter(drafts["model"], StepSegmenter(tokenizer, max_step_tokens=method.k))
     elif method.drafter in RETRIEVAL:
         kwargs["drafter"] = RetrievalDrafter(drafts["datastore"], **RETRIEVAL[method.drafter])
     else:

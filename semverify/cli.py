@@ -22,7 +22,7 @@ def _rule_param(text: str) -> tuple[str, object]:
 
 def rule_context(draft: str | None, target: str, do_sample: bool, temperature: float | None) -> dict:
     """What a run tells rules about itself: the models (EASD finds their calibrations) and temperature."""
-    return {"draft_calibration": draft, "target_calibration": target,
+    return {"draft_calibration": draft, "target_calibration": target, "draft_model": draft, "target_model": target,
             "temperature": (temperature or 1.0) if do_sample else 1.0}
 
 
@@ -99,6 +99,20 @@ def build_parser() -> argparse.ArgumentParser:
     ds.add_argument("--dtype", default="bfloat16", help="use the dtype you will decode with")
     ds.add_argument("--out", required=True, help="datastore file (.pt); states go to OUT.parts/ so a rerun resumes")
 
+    pr = sub.add_parser("probes", help="sample, cluster and train a SemanticSpec probe for one model (resumable)")
+    pr.add_argument("--model", required=True, help="the model the probe reads (draft or target)")
+    pr.add_argument("--role", required=True, choices=["draft", "target"],
+                    help="draft: features of the states that emitted a step; target: states at the step's tokens")
+    pr.add_argument("--data", default="auto", help="GSM8K train jsonl path, 'hub' or 'auto'")
+    pr.add_argument("--texts", type=int, default=60, help="train solutions to cut into prefixes (default 60)")
+    pr.add_argument("--per-text", type=int, default=3, help="prefixes per solution (default 3)")
+    pr.add_argument("--samples", type=int, default=8, help="continuations per prefix (authors: 20)")
+    pr.add_argument("--max-step-tokens", type=int, default=128)
+    pr.add_argument("--threshold", type=float, default=0.85, help="cosine at which two steps mean the same")
+    pr.add_argument("--dtype", default="bfloat16")
+    pr.add_argument("--work", required=True, help="folder for samples; rerun the same command to resume")
+    pr.add_argument("--out", default=None, help="probe file (default: the semverify cache, found by model name)")
+
     sub.add_parser("rules", help="list the registered acceptance rules")
     sub.add_parser("models", help="list the offline model aliases")
     return parser
@@ -119,6 +133,8 @@ def main(argv: list[str] | None = None) -> int:
         return _calibrate(args)
     if args.command == "datastore":
         return _datastore(args)
+    if args.command == "probes":
+        return _probes(args)
     if args.command == "report":
         from evals.report import report
 
@@ -157,6 +173,36 @@ def _compare(args: argparse.Namespace) -> int:
     out = compare(settings, methods, args.out)
     if not args.no_report and shard_info() == (0, 1):
         print(report(out))
+    return 0
+
+
+def _probes(args: argparse.Namespace) -> int:
+    from evals.benchmarks import get_benchmark
+
+    from .easd.calibration import model_key
+    from .models import cache_root, load_model
+    from .semanticspec import StepSegmenter
+    from .semanticspec import pipeline as pl
+
+    model, tokenizer = load_model(args.model, dtype=args.dtype)
+    try:
+        examples = get_benchmark("gsm8k").worked_examples(tokenizer, args.data, args.texts)
+    except FileNotFoundError as err:
+        sys.exit(f"semverify probes: {err}")
+    segmenter = StepSegmenter(tokenizer, max_step_tokens=args.max_step_tokens)
+    # GSM8K reference answers break lines with single newlines: cut prefixes there
+    prefixes = pl.step_prefixes(examples, StepSegmenter(tokenizer, stops=("\n",)), args.per_text)
+    settings = pl.SampleSettings(samples=args.samples)
+    pl.collect_samples(model, tokenizer, prefixes, segmenter, settings, args.work)
+    feature = "emitting" if args.role == "draft" else "tokens"
+    x, y, groups = pl.label_samples(args.work, pl.embedding_judge(args.threshold), feature)
+    probe, metrics = pl.train_probe(x, y, groups, model_name=args.model)
+    probe.meta.update({"role": args.role, "feature": feature, "texts": args.texts, "per_text": args.per_text,
+                       "settings": vars(settings), "threshold": args.threshold, "dtype": args.dtype,
+                       "max_step_tokens": args.max_step_tokens})
+    path = probe.save(args.out or cache_root() / "probes" / f"{model_key(args.model)}.pt")
+    pl.write_report(args.work, {"probe": str(path), **probe.meta})
+    print(json.dumps({"probe": str(path), "label_mean": float(y.mean()), **metrics}, indent=2))
     return 0
 
 

