@@ -1,6 +1,6 @@
 """semverify: one speculative decoding loop with pluggable drafters and acceptance rules."""
 
-from . import easd, semanticspec, sense  # register the 'easd', 'semanticspec', 'sense' and 'fly' rules
+from . import easd, semanticspec, sense  # noqa: F401  (importing registers their rules)
 from .drafters import Drafter, ModelDrafter, NoDrafter, PromptLookupDrafter
 from .generation import SpecGenerateOutput, generate
 from .loop import speculative_generate

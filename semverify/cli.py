@@ -176,19 +176,26 @@ def _compare(args: argparse.Namespace) -> int:
     return 0
 
 
-def _probes(args: argparse.Namespace) -> int:
+def _model_and_train_answers(args: argparse.Namespace, limit: int):
+    """``args.model`` and the first ``limit`` GSM8K train solutions as (prompt, answer) pairs in its template."""
     from evals.benchmarks import get_benchmark
 
-    from .easd.calibration import model_key
-    from .models import cache_root, load_model
-    from .semanticspec import StepSegmenter
-    from .semanticspec import pipeline as pl
+    from .models import load_model
 
     model, tokenizer = load_model(args.model, dtype=args.dtype)
     try:
-        examples = get_benchmark("gsm8k").worked_examples(tokenizer, args.data, args.texts)
+        return model, tokenizer, get_benchmark("gsm8k").worked_examples(tokenizer, args.data, limit)
     except FileNotFoundError as err:
-        sys.exit(f"semverify probes: {err}")
+        sys.exit(f"semverify {args.command}: {err}")
+
+
+def _probes(args: argparse.Namespace) -> int:
+    from .easd.calibration import model_key
+    from .models import cache_root
+    from .semanticspec import StepSegmenter
+    from .semanticspec import pipeline as pl
+
+    model, tokenizer, examples = _model_and_train_answers(args, args.texts)
     segmenter = StepSegmenter(tokenizer, max_step_tokens=args.max_step_tokens)
     # GSM8K reference answers break lines with single newlines: cut prefixes there
     prefixes = pl.step_prefixes(examples, StepSegmenter(tokenizer, stops=("\n",)), args.per_text)
@@ -207,16 +214,9 @@ def _probes(args: argparse.Namespace) -> int:
 
 
 def _datastore(args: argparse.Namespace) -> int:
-    from evals.benchmarks import get_benchmark
-
-    from .models import load_model
     from .sense import timed_build
 
-    model, tokenizer = load_model(args.model, dtype=args.dtype)
-    try:
-        examples = get_benchmark("gsm8k").worked_examples(tokenizer, args.data, args.limit)
-    except FileNotFoundError as err:
-        sys.exit(f"semverify datastore: {err}")
+    model, tokenizer, examples = _model_and_train_answers(args, args.limit)
     _, info = timed_build(model, tokenizer, examples, args.out, args.dim, model_name=args.model,
                           corpus=f"gsm8k train ({args.data}), first {len(examples)} solutions as answers (OOD)")
     print(json.dumps(info, indent=2))
@@ -224,20 +224,15 @@ def _datastore(args: argparse.Namespace) -> int:
 
 
 def _calibrate(args: argparse.Namespace) -> int:
-    from evals.benchmarks import SHARED_TRAIN, get_benchmark
+    from evals.benchmarks import SHARED_TRAIN
 
     from .easd import calibrate_entropy, calibration_path
-    from .models import load_model
 
     try:
         temperatures = [float(t) for t in args.temperatures.split(",") if t.strip()]
     except ValueError:
         sys.exit(f"semverify calibrate: --temperatures must be numbers, got {args.temperatures!r}")
-    model, tokenizer = load_model(args.model, dtype=args.dtype)
-    try:
-        examples = get_benchmark("gsm8k").worked_examples(tokenizer, args.data, args.limit)
-    except FileNotFoundError as err:
-        sys.exit(f"semverify calibrate: {err}")
+    model, tokenizer, examples = _model_and_train_answers(args, args.limit)
     source = args.data
     if source == "auto":
         source = str(SHARED_TRAIN.name) if SHARED_TRAIN.is_file() else "hub"

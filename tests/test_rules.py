@@ -461,18 +461,25 @@ def verify_inputs(draw):
     return x, get_rule(rule)
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(verify_inputs())
-def test_rule_properties(case):
-    x, rule = case
+def check_verdict_bounds(x: VerifyInput, v: Verdict) -> tuple[torch.Tensor, torch.Tensor]:
+    """Shared properties of any verdict: 0 <= n <= k, an in-vocabulary next token the target can emit."""
     B, k, V = x.draft.tokens.shape[0], x.k, x.target_logits.shape[-1]
-    v = rule(x)
     n, nxt = v.n_accepted, v.next_token
     assert n.shape == (B,) and nxt.shape == (B,)
     assert bool(((n >= 0) & (n <= k)).all())
     assert bool(((nxt >= 0) & (nxt < V)).all())
+    assert bool((x.target_probs[torch.arange(B), n, nxt] > 0).all()), "next token has target probability 0 at n"
+    return n, nxt
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(verify_inputs())
+def test_rule_properties(case):
+    x, rule = case
+    B, k = x.draft.tokens.shape[0], x.k
+    v = rule(x)
+    n, nxt = check_verdict_bounds(x, v)
     p = x.target_probs
-    assert bool((p[torch.arange(B), n, nxt] > 0).all()), "next token has target probability 0 at position n"
     if k:
         p_tok = p[:, :k].gather(-1, x.draft.tokens[..., None]).squeeze(-1)
         assert bool((p_tok[prefix(n, k)] > 0).all()), "accepted a draft token with target probability 0"
