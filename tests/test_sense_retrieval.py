@@ -182,3 +182,11 @@ def test_retrieval_methods_need_a_datastore_before_models_load(tmp_path):
         main(["compare", "--target", "/no/such/model", "--methods", "rest", "--datastore", str(tmp_path / "x.pt"),
               "--out", str(tmp_path / "r")])
     assert "datastore not found" in str(info.value)
+
+
+def test_tree_size_is_bounded(tiny_store):
+    _, tok, store, _ = tiny_store
+    context = torch.tensor([tok(" = ", add_special_tokens=False).input_ids])
+    big = RetrievalDrafter(store, num_candidates=10, semantic=False).propose(context, 8, None, None)
+    small = RetrievalDrafter(store, num_candidates=10, semantic=False, max_nodes=6).propose(context, 8, None, None)
+    assert big.length > 6 == small.length

@@ -7,7 +7,7 @@ import numpy as np
 import torch
 
 from ..sampling import Sampler
-from ..tree import draft_from_sequences
+from ..tree import draft_from_sequences, merge_sequences
 from ..types import Draft
 from .datastore import Datastore
 
@@ -22,21 +22,24 @@ class RetrievalDrafter:
       dynamic store). The state predicted the token just emitted, so a neighbour is kept only if its
       next corpus token equals that token (DReSD's filter); score ``beta * cosine``.
     ``alpha >> beta`` ranks exact matches first with cosine as the tie-break, as SENSE's Eq. 8 does.
+    Candidates join the trie in rank order while it stays within ``max_nodes`` tokens (measured here:
+    a 1.5B forward over 64 tokens costs 1.7x one over 1 token on 2 CPU cores).
     """
 
     gives_probs = False
 
     def __init__(self, datastore: Datastore | None = None, num_candidates: int = 10, lexical: bool = True,
                  semantic: bool = True, max_ngram: int = 8, alpha: float = 1.0, beta: float = 0.01,
-                 pool: int = 64, dynamic: bool = True) -> None:
+                 pool: int = 64, dynamic: bool = True, max_nodes: int = 64) -> None:
         if not (lexical or semantic):
             raise ValueError("a retrieval drafter needs lexical or semantic retrieval (or both)")
         if semantic and datastore is None and not dynamic:
             raise ValueError("semantic retrieval needs a datastore or the dynamic store")
-        if num_candidates < 1 or max_ngram < 1 or pool < 1:
-            raise ValueError("num_candidates, max_ngram and pool must be >= 1")
+        if min(num_candidates, max_ngram, pool, max_nodes) < 1:
+            raise ValueError("num_candidates, max_ngram, pool and max_nodes must be >= 1")
         self.store, self.n, self.lexical, self.semantic = datastore, num_candidates, lexical, semantic
         self.max_ngram, self.alpha, self.beta, self.pool, self.dynamic = max_ngram, alpha, beta, pool, dynamic
+        self.max_nodes = max_nodes
         self.needs_target_hidden = semantic
         self.reset(None)
 
@@ -55,8 +58,18 @@ class RetrievalDrafter:
             self._lexical(seq, k, scored)
         if self.semantic and self.query is not None:
             self._semantic(seq, k, scored)
-        best = sorted(scored.items(), key=lambda kv: -kv[1])[: self.n]
-        return draft_from_sequences([list(c) for c, _ in best], input_ids.device)
+        chosen: list[list[int]] = []
+        size = 0
+        for cont, _ in sorted(scored.items(), key=lambda kv: -kv[1])[: self.n]:
+            grown = len(merge_sequences(chosen + [list(cont)])[0])
+            if grown > self.max_nodes:  # the verification forward grows with the tree: keep it bounded
+                room = self.max_nodes - size  # the candidate's new nodes are its tail: cut the tail to fit
+                if room > 0:
+                    chosen.append(list(cont[: len(cont) - (grown - size - room)]))
+                break
+            chosen.append(list(cont))
+            size = grown
+        return draft_from_sequences(chosen, input_ids.device)
 
     def _add(self, scored: dict, cont: list[int], score: float) -> None:
         if cont:
