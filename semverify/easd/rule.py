@@ -86,12 +86,12 @@ class EntropyAwareRule:
         n_sd = leading_true(accept)
         n = leading_true(accept & ~self.uncertain_agreement(q, x.target_probs[:, :k]))
         penalised = n < n_sd
-        if x.do_sample:
-            next_token = draw_after(x, n)
+        if bool(penalised.all()):  # (batch 1) only the penalty's draw is made
+            next_token = self._penalty_token(x, n)
         else:
-            next_token = at_position(x.target_logits.argmax(dim=-1), n)
-        if bool(penalised.any()):
-            next_token = torch.where(penalised, self._penalty_token(x, n), next_token)
+            next_token = draw_after(x, n) if x.do_sample else at_position(x.target_logits.argmax(dim=-1), n)
+            if bool(penalised.any()):
+                next_token = torch.where(penalised, self._penalty_token(x, n), next_token)
         penalty = prefix_mask(n + 1, k) & ~prefix_mask(n, k) & penalised[:, None]
         return Verdict(n, next_token, {reason: prefix_mask(n, k), "penalty": penalty})
 
