@@ -218,6 +218,8 @@ def timed_build(model, tokenizer, examples, out: str | os.PathLike, dim: int = 2
     store = build_datastore(out.with_name(out.name + ".parts"), dim, model_name, corpus)
     store.meta["build_seconds_this_run"] = round(time.perf_counter() - start, 1)
     store.save(out)
-    info = {**describe(store), "build_seconds_this_run": store.meta["build_seconds_this_run"], "path": str(out)}
+    seconds = store.meta["build_seconds_this_run"]
+    info = {**describe(store), "build_seconds_this_run": seconds, "path": str(out),
+            "entries_per_second_this_run": round(store.size / seconds, 1) if seconds else None}
     out.with_suffix(".json").write_text(json.dumps(info, indent=2))
     return store, info
