@@ -190,3 +190,14 @@ def test_tree_size_is_bounded(tiny_store):
     big = RetrievalDrafter(store, num_candidates=10, semantic=False).propose(context, 8, None, None)
     small = RetrievalDrafter(store, num_candidates=10, semantic=False, max_nodes=6).propose(context, 8, None, None)
     assert big.length > 6 == small.length
+
+
+def test_optional_faiss_index_finds_the_same_neighbours(tiny_store):
+    pytest.importorskip("faiss")
+    store = tiny_store[2]
+    copy = Datastore(store.keys, store.positions, store.tokens, store.mean, store.scale, store.components, store.meta)
+    copy.build_faiss_index(nlist=4, nprobe=4)  # every list probed: the search is exact
+    for i in (0, 7, store.size - 1):
+        exact, approx = store.nearest(store.keys[i], 5), copy.nearest(store.keys[i], 5)
+        assert int(approx[1][0]) == int(exact[1][0]) or torch.isclose(approx[0][0], exact[0][0], atol=1e-4)
+        assert torch.allclose(approx[0], exact[0], atol=1e-4)

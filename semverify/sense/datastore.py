@@ -43,6 +43,29 @@ class Datastore:
 
     def __post_init__(self) -> None:
         self._sorted: np.ndarray | None = None
+        self.index = None  # an optional FAISS index over ``keys`` (see build_faiss_index)
+
+    def build_faiss_index(self, nlist: int = 1024, pq_m: int = 32, nprobe: int = 32, seed: int = 0):
+        """Approximate search for large stores: a FAISS IVF-PQ inner-product index over the keys (the
+        authors' choice), trained on the keys themselves. Needs ``pip install semverify[faiss]``."""
+        try:
+            import faiss
+        except ImportError as err:
+            raise ImportError("the FAISS index needs faiss-cpu: pip install 'semverify[faiss]'") from err
+        d = self.keys.shape[1]
+        nlist = max(1, min(nlist, self.size // 39))  # FAISS wants ~39 training points per list
+        quantizer = faiss.IndexFlatIP(d)
+        if d % pq_m or self.size < 256 * 39:  # too small for 8-bit PQ codes: inverted lists of full vectors
+            index = faiss.IndexIVFFlat(quantizer, d, nlist, faiss.METRIC_INNER_PRODUCT)
+        else:
+            index = faiss.IndexIVFPQ(quantizer, d, nlist, pq_m, 8, faiss.METRIC_INNER_PRODUCT)
+        keys = np.ascontiguousarray(self.keys.numpy(), dtype=np.float32)
+        index.cp.seed = seed
+        index.train(keys)
+        index.add(keys)
+        index.nprobe = min(nprobe, nlist)
+        self.index, self._quantizer = index, quantizer  # the IVF index does not own its quantizer in Python
+        return index
 
     @property
     def size(self) -> int:
@@ -62,6 +85,10 @@ class Datastore:
 
     def nearest(self, query: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Exact cosine search: (scores, entry indices) of the n nearest keys to one reduced query [d]."""
+        if self.index is not None:
+            scores, idx = self.index.search(np.ascontiguousarray(query.float().numpy()[None]), min(n, self.size))
+            keep = idx[0] >= 0
+            return torch.from_numpy(scores[0][keep]), torch.from_numpy(idx[0][keep])
         top = torch.topk(self.keys @ query.float(), min(n, self.size))
         return top.values, top.indices
 
