@@ -190,8 +190,7 @@ def _model_and_train_answers(args: argparse.Namespace, limit: int):
 
 
 def _probes(args: argparse.Namespace) -> int:
-    from .easd.calibration import model_key
-    from .models import cache_root
+    from .models import cache_root, model_key
     from .semanticspec import StepSegmenter
     from .semanticspec import pipeline as pl
 

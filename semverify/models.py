@@ -97,6 +97,19 @@ def cache_root() -> Path:
     return Path(os.environ.get("SEMVERIFY_CACHE", Path.home() / ".cache" / "semverify"))
 
 
+def model_key(name_or_path: str | os.PathLike) -> str:
+    """File-name key of a model: a local folder's name, or a hub id / alias with '/' as '--'."""
+    path = Path(name_or_path)
+    name = path.resolve().name if path.exists() else str(name_or_path)
+    return name.replace("/", "--")
+
+
+def per_model_file(name_or_path: str | os.PathLike, kind: str, suffix: str, shipped: Path) -> Path | None:
+    """A model's ``kind`` file (calibration, probe...) by name: the user's cache first, then ``shipped``."""
+    name = f"{model_key(name_or_path)}{suffix}"
+    return next((f / name for f in (cache_root() / kind, shipped) if (f / name).is_file()), None)
+
+
 def resolve_dtype(dtype: str | torch.dtype) -> str | torch.dtype:
     """Accept torch dtypes and the usual names (fp32, float32, bf16, bfloat16, fp16, auto)."""
     if isinstance(dtype, torch.dtype) or dtype == "auto":

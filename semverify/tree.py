@@ -8,6 +8,9 @@ every branch is scored exactly as if it had been verified alone (SpecInfer, REST
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from functools import cached_property
+
 import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
@@ -71,6 +74,19 @@ def tree_position_ids(parents: torch.LongTensor, past: int, pending: int,
     return torch.cat([ctx, past + pending - 1 + depths(parents)])[None].to(device)
 
 
+@dataclass
+class PathInput(VerifyInput):
+    """One root-to-leaf path of a tree input: its target probabilities are rows of the parent's, so
+    the softmax over the vocabulary runs once per tree (and only if a rule asks), not once per path."""
+
+    parent: VerifyInput | None = None
+    rows: list[int] | None = None
+
+    @cached_property
+    def target_probs(self) -> torch.FloatTensor:
+        return self.parent.target_probs[:, self.rows]
+
+
 def verify_tree(rule: AcceptanceRule, x: VerifyInput) -> tuple[list[int], Verdict]:
     """Run ``rule`` on every root-to-leaf path of the tree in ``x`` and keep the longest acceptance.
 
@@ -85,7 +101,8 @@ def verify_tree(rule: AcceptanceRule, x: VerifyInput) -> tuple[list[int], Verdic
         chain = Draft(tokens=draft.tokens[:, path], probs=None if draft.probs is None else draft.probs[:, path],
                       meta=draft.meta)
         hidden = None if x.target_hidden is None else x.target_hidden[:, rows]
-        verdict = rule(VerifyInput(chain, x.target_logits[:, rows], x.do_sample, hidden, x.generator))
+        verdict = rule(PathInput(chain, x.target_logits[:, rows], x.do_sample, hidden, x.generator, parent=x,
+                                 rows=rows))
         if best is None or int(verdict.n_accepted[0]) > int(best[1].n_accepted[0]):
             best = (path, verdict)
     assert best is not None, "a tree draft has at least one leaf"

@@ -18,7 +18,7 @@ from typing import Sequence
 import torch
 from tqdm.auto import tqdm
 
-from ..models import cache_root
+from ..models import cache_root, model_key, per_model_file
 from ..rules import entropy
 
 SHIPPED = Path(__file__).parent / "calibrations"
@@ -70,13 +70,6 @@ def format_temperature(temperature: float) -> str:
     return f"{float(temperature):g}"
 
 
-def model_key(name_or_path: str | os.PathLike) -> str:
-    """File-name key of a model: a local folder's name, or a hub id / alias with '/' as '--'."""
-    path = Path(name_or_path)
-    name = path.resolve().name if path.exists() else str(name_or_path)
-    return name.replace("/", "--")
-
-
 def calibration_path(name_or_path: str | os.PathLike) -> Path:
     """Where ``semverify calibrate`` saves a model's calibration by default."""
     return cache_root() / "entropy" / f"{model_key(name_or_path)}.json"
@@ -88,10 +81,9 @@ def find_calibration(name_or_path: str | os.PathLike) -> EntropyCalibration:
         if not Path(name_or_path).is_file():
             raise FileNotFoundError(f"entropy calibration file not found: {name_or_path}")
         return EntropyCalibration.load(name_or_path)
-    key = model_key(name_or_path)
-    for folder in (cache_root() / "entropy", SHIPPED):
-        if (folder / f"{key}.json").is_file():
-            return EntropyCalibration.load(folder / f"{key}.json")
+    found = per_model_file(name_or_path, "entropy", ".json", SHIPPED)
+    if found is not None:
+        return EntropyCalibration.load(found)
     raise FileNotFoundError(
         f"no entropy calibration for {name_or_path!r}; run `semverify calibrate --model {name_or_path}` "
         "or give raw thresholds tau_q and tau_p")

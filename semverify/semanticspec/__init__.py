@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ..models import cache_root
+from ..models import per_model_file
 from ..rules import register_rule
 from .drafter import StepDrafter
 from .probe import ProbeError, SemanticProbe
@@ -20,12 +20,9 @@ def find_probe(name_or_path: str | os.PathLike) -> SemanticProbe:
     """A probe from a ``.pt`` path, or by model name: the user's cache first, then the shipped probes."""
     if str(name_or_path).endswith(".pt"):
         return SemanticProbe.load(name_or_path)
-    from ..easd.calibration import model_key
-
-    key = model_key(name_or_path)
-    for folder in (cache_root() / "probes", SHIPPED_PROBES):
-        if (folder / f"{key}.pt").is_file():
-            return SemanticProbe.load(folder / f"{key}.pt", model=str(name_or_path))
+    found = per_model_file(name_or_path, "probes", ".pt", SHIPPED_PROBES)
+    if found is not None:
+        return SemanticProbe.load(found, model=str(name_or_path))
     raise FileNotFoundError(f"no semantic probe for {name_or_path!r}; train one with `semverify probes --model "
                             f"{name_or_path}` or pass a probe file")
 

@@ -66,12 +66,13 @@ def sample_steps(model, tokenizer, prefix: str, segmenter: StepSegmenter, settin
     states = [out.hidden_states[-1][:, -1].expand(n, -1).float()]  # h[0]: at the prefix's last token
     steps: list[list[int]] = [[] for _ in range(n)]
     done = torch.zeros(n, dtype=torch.bool)
+    eos = _eos_ids(model)
     for _ in range(segmenter.max_step_tokens):
         token = sample_from(sampler.probs(logits), generator)
         for row in range(n):
             if not done[row]:
                 steps[row].append(int(token[row]))
-                done[row] = segmenter.ends_step(steps[row]) or int(token[row]) in _eos_ids(model)
+                done[row] = segmenter.ends_step(steps[row]) or int(token[row]) in eos
         out = model(input_ids=token[:, None], cache=cache, use_cache=True, logits_to_keep=1, output_hidden_states=True)
         logits = out.logits[:, -1]
         states.append(out.hidden_states[-1][:, -1].float())  # h[j]: at token j-1
