@@ -94,7 +94,14 @@ def build_parser() -> argparse.ArgumentParser:
     ds = sub.add_parser("datastore", help="build a SENSE datastore of the target's hidden states (resumable)")
     ds.add_argument("--model", default=DEFAULT_TARGET, help="the target model the datastore serves")
     ds.add_argument("--data", default="auto", help="GSM8K train jsonl path, 'hub' or 'auto'")
-    ds.add_argument("--limit", type=int, default=2000, help="number of train solutions (default 2000)")
+    ds.add_argument("--limit", type=int, default=2000, help="number of train problems (default 2000)")
+    ds.add_argument("--corpus", default="ood", choices=["ood", "id", "both"],
+                    help="ood: the reference solutions; id: the target's own greedy answers to the same "
+                         "problems (generated first, resumable); both: the two together (default ood)")
+    ds.add_argument("--answers", default=None,
+                    help="JSONL of the target's answers for --corpus id/both (default OUT.answers.jsonl)")
+    ds.add_argument("--batch-size", type=int, default=8, help="prompts per generate() batch for the ID answers")
+    ds.add_argument("--max-new-tokens", type=int, default=384, help="answer length cap for the ID answers")
     ds.add_argument("--dim", type=int, default=256, help="PCA dimension of the keys")
     ds.add_argument("--dtype", default="bfloat16", help="use the dtype you will decode with")
     ds.add_argument("--out", required=True, help="datastore file (.pt); states go to OUT.parts/ so a rerun resumes")
@@ -213,11 +220,21 @@ def _probes(args: argparse.Namespace) -> int:
 
 
 def _datastore(args: argparse.Namespace) -> int:
-    from .sense import timed_build
+    from .sense import generate_answers, timed_build
 
     model, tokenizer, examples = _model_and_train_answers(args, args.limit)
+    texts = []
+    if args.corpus in ("ood", "both"):
+        texts.append(f"the first {len(examples)} reference solutions (OOD)")
+    if args.corpus in ("id", "both"):
+        answers = args.answers or f"{args.out}.answers.jsonl"
+        own = generate_answers(model, tokenizer, [p for p, _ in examples], answers, args.batch_size,
+                               args.max_new_tokens)
+        examples = (examples if args.corpus == "both" else []) + own
+        texts.append(f"the target's greedy answers to the first {len(own)} problems, max {args.max_new_tokens} "
+                     f"new tokens (ID, {answers})")
     _, info = timed_build(model, tokenizer, examples, args.out, args.dim, model_name=args.model,
-                          corpus=f"gsm8k train ({args.data}), first {len(examples)} solutions as answers (OOD)")
+                          corpus=f"gsm8k train ({args.data}): " + " + ".join(texts))
     print(json.dumps(info, indent=2))
     return 0
 

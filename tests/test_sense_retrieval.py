@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -160,6 +162,12 @@ def test_datastore_cli_then_compare_with_sense_methods(tmp_path, tiny_checkpoint
                  "--dtype", "float32", "--out", str(store)]) == 0
     info = json.loads(store.with_suffix(".json").read_text())
     assert info["texts"] == 5 and info["entries"] > 0 and info["dim"] == 8
+    both = tmp_path / "both.pt"
+    assert main(["datastore", "--model", str(tiny_checkpoint), "--data", str(data), "--limit", "3", "--dim", "8",
+                 "--dtype", "float32", "--corpus", "both", "--max-new-tokens", "5", "--out", str(both)]) == 0
+    info = json.loads(both.with_suffix(".json").read_text())
+    assert info["texts"] == 6 and "(ID" in info["corpus"] and "(OOD)" in info["corpus"]
+    assert len(Path(f"{both}.answers.jsonl").read_text().splitlines()) == 3
 
     out = tmp_path / "run"
     main(["compare", "--target", str(tiny_checkpoint), "--data", "sample", "--limit", "2", "--max-new-tokens", "10",
@@ -170,6 +178,30 @@ def test_datastore_cli_then_compare_with_sense_methods(tmp_path, tiny_checkpoint
     by = {(r["id"], r["method"]): r for r in rows}
     for i in range(2):  # exact verification of retrieval drafts keeps the target's greedy output
         assert by[(i, "rest")]["output"] == by[(i, "vanilla")]["output"] == by[(i, "sense_no_se")]["output"]
+
+
+def test_id_answers_are_the_greedy_outputs_and_resume(tiny_store, tmp_path):
+    from semverify.sense import generate_answers
+
+    model, tok, _, _ = tiny_store
+    prompts = [f"Question {i}: " + "?" * 3 * i for i in range(3)]  # lengths differ: left padding
+    path = tmp_path / "answers.jsonl"
+    first = generate_answers(model, tok, prompts[:2], path, batch_size=2, max_new_tokens=6, progress=False)
+    for prompt, answer in first:  # batched left-padded generation gives each prompt's own greedy answer
+        ids = tok(prompt, return_tensors="pt", add_special_tokens=False).input_ids
+        alone = model.generate(ids, do_sample=False, max_new_tokens=6)
+        assert answer == tok.decode(alone[0, ids.shape[1]:], skip_special_tokens=True).strip()
+    path.write_text(path.read_text() + '{"index": 2, "prom')  # a line cut off by a crash
+    again = generate_answers(model, tok, prompts, path, batch_size=2, max_new_tokens=6, progress=False)
+    assert again[:2] == first and len(again) == 3
+    assert sum(1 for line in path.read_text().splitlines() if line.endswith("}")) == 3
+
+
+def test_resuming_states_over_another_corpus_is_refused(tiny_store, tmp_path):
+    model, tok, _, _ = tiny_store
+    collect_states(model, tok, [("p", a) for a in ANSWERS[:2]], tmp_path, progress=False)
+    with pytest.raises(DatastoreError, match="another corpus"):
+        collect_states(model, tok, [("p", a) for a in ANSWERS[1:3]], tmp_path, progress=False)
 
 
 def test_retrieval_methods_need_a_datastore_before_models_load(tmp_path):

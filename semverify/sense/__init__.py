@@ -1,6 +1,7 @@
 """SENSE: retrieval drafting on the target's hidden states, loose-trie tree drafts, soft-gated evaluation."""
 
 from ..rules import register_rule
+from .corpus import generate_answers
 from .datastore import Datastore, DatastoreError, build_datastore, collect_states, describe, timed_build
 from .drafter import RetrievalDrafter
 from .gate import DeferredWindow, SoftGate, isolated_mismatch
@@ -9,4 +10,4 @@ register_rule("sense", SoftGate)
 register_rule("fly", DeferredWindow)
 
 __all__ = ["Datastore", "DatastoreError", "DeferredWindow", "RetrievalDrafter", "SoftGate", "build_datastore",
-           "collect_states", "describe", "isolated_mismatch", "timed_build"]
+           "collect_states", "describe", "generate_answers", "isolated_mismatch", "timed_build"]

@@ -9,6 +9,7 @@ token array serves exact suffix lookup (REST), so one file holds both halves of 
 from __future__ import annotations
 
 import datetime
+import hashlib
 import json
 import os
 import time
@@ -167,6 +168,7 @@ def collect_states(model, tokenizer, examples: Sequence[tuple[str, str]], out_di
     shards of ``shard_size`` texts under ``out_dir``. Finished shards are kept, so a rerun resumes."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    _check_same_corpus(out_dir, examples)
     device = next(model.parameters()).device
     n_shards = (len(examples) + shard_size - 1) // shard_size
     bar = tqdm(total=len(examples), desc="datastore states", unit="text", disable=not progress)
@@ -194,6 +196,16 @@ def collect_states(model, tokenizer, examples: Sequence[tuple[str, str]], out_di
         os.replace(tmp, path)
     bar.close()
     return out_dir
+
+
+def _check_same_corpus(out_dir: Path, examples: Sequence[tuple[str, str]]) -> None:
+    """Shards are numbered by text: resuming over another corpus would mix the two, so refuse it."""
+    digest = hashlib.sha256(json.dumps(list(map(list, examples))).encode()).hexdigest()
+    stamp = out_dir / "corpus.sha256"
+    if stamp.is_file() and stamp.read_text().strip() != digest:
+        raise DatastoreError(f"{out_dir} holds states of another corpus (other texts, limit or corpus kind); "
+                             "delete it or build to another --out")
+    stamp.write_text(digest)
 
 
 def build_datastore(shard_dir: str | os.PathLike, dim: int = 256, model_name: str = "", corpus: str = "",
