@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from .models import DEFAULT_DRAFT, DEFAULT_TARGET, OFFLINE_MODELS
-from .rules import available_rules, parse_param
+from .rules import available_rules, parse_param, run_context
 
 
 def _rule_param(text: str) -> tuple[str, object]:
@@ -18,12 +18,6 @@ def _rule_param(text: str) -> tuple[str, object]:
         return parse_param(text)
     except ValueError as err:
         raise argparse.ArgumentTypeError(str(err)) from None
-
-
-def rule_context(draft: str | None, target: str, do_sample: bool, temperature: float | None) -> dict:
-    """What a run tells rules about itself: the models (EASD finds their calibrations) and temperature."""
-    return {"draft_calibration": draft, "target_calibration": target, "draft_model": draft, "target_model": target,
-            "temperature": (temperature or 1.0) if do_sample else 1.0}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -161,7 +155,7 @@ def _compare(args: argparse.Namespace) -> int:
     from evals.runner import RunSettings, compare, shard_info
 
     try:  # every input error surfaces here, before a model is loaded
-        context = rule_context(args.draft, args.target, args.do_sample, args.temperature)
+        context = run_context(args.draft, args.target, args.do_sample, args.temperature)
         methods = load_methods(args.methods, args.config, context)
         retrieval = [m.name for m in methods if m.drafter in RETRIEVAL]
         if retrieval and not args.datastore:
@@ -269,7 +263,7 @@ def _generate(args: argparse.Namespace) -> int:
 
     if args.draft and args.prompt_lookup:
         sys.exit("semverify: use --draft or --prompt-lookup, not both")
-    context = rule_context(args.draft, args.target, args.do_sample, args.temperature)
+    context = run_context(args.draft, args.target, args.do_sample, args.temperature)
     try:
         rule = get_rule(args.rule, **with_context(args.rule, dict(args.rule_param), context))
     except (ValueError, TypeError, FileNotFoundError) as err:

@@ -11,7 +11,7 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from .drafters import Drafter, ModelDrafter, NoDrafter, PromptLookupDrafter
 from .loop import speculative_generate
-from .rules import AcceptanceRule, get_rule
+from .rules import AcceptanceRule, get_rule, run_context, with_context
 from .sampling import Sampler
 from .stats import SpecStats
 
@@ -79,11 +79,21 @@ def generate(
         raise TypeError(f"generate() got unexpected keyword arguments: {', '.join(sorted(unused))}")
     _refuse_unsupported(config)
 
+    sampler = Sampler(*(_setting(config, name) for name in ("do_sample", "temperature", "top_k", "top_p")))
+    if isinstance(acceptance, str):  # a rule by name learns the models' names and temperature (see run_context)
+        context = run_context(getattr(assistant_model, "name_or_path", None), model.name_or_path,
+                              sampler.do_sample, sampler.temperature)
+        acceptance = get_rule(acceptance, **with_context(acceptance, {}, context))
+    rule = get_rule(acceptance)
+    if assistant_model is not None and hasattr(rule, "make_drafter") and drafter is None:
+        # a rule that verifies its own kind of draft (SemanticSpec's whole steps) wraps the assistant itself
+        check_same_vocabulary(model, assistant_model, tokenizer, assistant_tokenizer)
+        drafter, default_k = rule.make_drafter(assistant_model, tokenizer)
+        assistant_model, num_assistant_tokens = None, num_assistant_tokens or default_k
     drafter, k = _pick_drafter(
         model, assistant_model, drafter, num_assistant_tokens, prompt_lookup_num_tokens,
         config, tokenizer, assistant_tokenizer,
     )
-    sampler = Sampler(*(_setting(config, name) for name in ("do_sample", "temperature", "top_k", "top_p")))
     max_new = config.max_new_tokens
     if max_new is None:
         max_new = _setting(config, "max_length") - input_ids.shape[1]
@@ -92,7 +102,7 @@ def generate(
     if streamer is not None:
         streamer.put(input_ids.cpu())
     sequences, stats = speculative_generate(
-        model, input_ids, drafter=drafter, rule=get_rule(acceptance), num_draft_tokens=k,
+        model, input_ids, drafter=drafter, rule=rule, num_draft_tokens=k,
         max_new_tokens=max_new, sampler=sampler, eos_token_id=config.eos_token_id,
         generator=generator, streamer=streamer,
     )

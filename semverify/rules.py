@@ -193,6 +193,13 @@ def with_context(rule: str, params: dict[str, Any], context: dict[str, Any]) -> 
     return {**{k: v for k, v in context.items() if k in accepted}, **params}
 
 
+def run_context(draft: str | None, target: str | None, do_sample: bool, temperature: float | None) -> dict[str, Any]:
+    """What a run tells rules about itself: the models' names (EASD finds their calibrations, SemanticSpec
+    their probes) and the temperature (greedy decoding sees the T=1 distributions)."""
+    return {"draft_calibration": draft, "target_calibration": target, "draft_model": draft, "target_model": target,
+            "temperature": (temperature or 1.0) if do_sample else 1.0}
+
+
 def parse_param(text: str) -> tuple[str, Any]:
     """``key=value`` -> (key, value), the value as int, float, bool or str: rule parameters as typed."""
     key, sep, value = text.partition("=")

@@ -245,3 +245,29 @@ def test_compare_runs_semanticspec_and_its_lossless_limit(tmp_path, monkeypatch,
         assert rows[(i, "semanticspec:r_min=2")]["output"] == rows[(i, "vanilla")]["output"]
     # draft == target and no paragraph break in the byte-level text: the first step stays token-level
     assert all(rows[(i, "semanticspec:r_min=0,k=4")]["tau"] > 1 for i in range(2))
+
+
+def test_generate_with_an_assistant_model_drafts_steps_and_finds_probes_by_name(tmp_path, monkeypatch,
+                                                                               tiny_checkpoint):
+    """``acceptance="semanticspec"`` with ``assistant_model=``: generate() wraps the assistant in a
+    StepDrafter and finds both probes by the models' names; at r_min > 1 it is the target alone."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from semverify import generate
+    from semverify.models import model_key
+
+    monkeypatch.setenv("SEMVERIFY_CACHE", str(tmp_path / "cache"))
+    target = AutoModelForCausalLM.from_pretrained(tiny_checkpoint)
+    tok = AutoTokenizer.from_pretrained(tiny_checkpoint)
+    probe = SemanticProbe(target.config.hidden_size, width=8, model=str(tiny_checkpoint))
+    probe.save(tmp_path / "cache" / "probes" / f"{model_key(tiny_checkpoint)}.pt")
+    ids = tok("Question: what is 2 + 2?\n\n", return_tensors="pt").input_ids
+    out = generate(target, ids, assistant_model=target, tokenizer=tok, acceptance="semanticspec",
+                   max_new_tokens=16, return_dict_in_generate=True)
+    assert out.sequences.shape[1] == ids.shape[1] + 16
+    expected = target.generate(ids, do_sample=False, max_new_tokens=16)
+    strict = SemanticStepRule(probe, probe, r_min=1.5)
+    assert torch.equal(generate(target, ids, assistant_model=target, tokenizer=tok, acceptance=strict,
+                                max_new_tokens=16), expected)
+    with pytest.raises(ValueError, match="pass tokenizer="):
+        generate(target, ids, assistant_model=target, acceptance=strict, max_new_tokens=4)

@@ -7,7 +7,9 @@ import torch
 
 from ..rules import AcceptanceRule, SpeculativeSampling, at_position, prefix_mask, target_choices
 from ..types import Verdict, VerifyInput
+from .drafter import StepDrafter
 from .probe import SemanticProbe
+from .segment import StepSegmenter
 
 
 class SemanticStepRule:
@@ -32,6 +34,13 @@ class SemanticStepRule:
         self.r_min, self.eps = float(r_min), eps
         self.token_rule = token_rule or SpeculativeSampling()
 
+    def make_drafter(self, draft_model, tokenizer, max_step_tokens: int = 128) -> tuple[StepDrafter, int]:
+        """What ``generate(..., assistant_model=m, acceptance=<this rule>)`` drafts with: whole steps of
+        ``m`` (cut by text, so the tokenizer is needed), and the step cap as the draft length."""
+        if tokenizer is None:
+            raise ValueError("semanticspec cuts steps at text breaks: pass tokenizer= to generate()")
+        return StepDrafter(draft_model, StepSegmenter(tokenizer, max_step_tokens=max_step_tokens)), max_step_tokens
+
     def ratio(self, x: VerifyInput) -> torch.Tensor:
         """[B] r = min(1, P_t / P_d) for a step draft."""
         with torch.no_grad():
@@ -44,8 +53,8 @@ class SemanticStepRule:
         if kind == "tokens" or x.k == 0:
             return self.token_rule(x)
         if kind != "step" or x.target_hidden is None:
-            raise ValueError("semanticspec verifies whole steps drafted by a StepDrafter: pass "
-                             "drafter=StepDrafter(draft_model, StepSegmenter(tokenizer)) instead of assistant_model")
+            raise ValueError("semanticspec verifies whole steps drafted by a StepDrafter: pass assistant_model= "
+                             "(generate() wraps it) or drafter=StepDrafter(draft_model, StepSegmenter(tokenizer))")
         r = self.ratio(x)
         u = torch.rand(r.shape, generator=x.generator, device=r.device)
         accept = (r >= self.r_min) & (u < r)
