@@ -1,17 +1,20 @@
 """Methods to compare: a drafter kind, an acceptance rule and their parameters, by name.
 
-A method is written ``name`` or ``name:key=value,key=value`` on the command line (keys: ``k``, and
-rule constructor arguments), or given as JSON objects in a config file. A run's context (the model
+A method is written ``name`` or ``name:key=value,key=value`` on the command line (keys: ``k``, rule
+constructor arguments, and ``drafter.NAME`` for the drafter's own settings, e.g. a retrieval drafter's
+``drafter.max_nodes=24``), or given as JSON objects in a config file. A run's context (the model
 names and decoding temperature) fills the rule arguments that describe it, e.g. EASD's calibrations.
 """
 
 from __future__ import annotations
 
+import inspect
 import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from semverify.rules import get_rule, parse_param, with_context
+from semverify.sense import RetrievalDrafter
 
 # retrieval drafter kinds -> RetrievalDrafter switches (REST: exact suffix; DReSD: hidden states; SEN: both)
 RETRIEVAL = {"rest": {"semantic": False}, "dresd": {"lexical": False}, "sen": {}}
@@ -27,12 +30,22 @@ class Method:
     rule: str = "speculative"
     rule_params: dict = field(default_factory=dict)
     k: int = 5
+    drafter_params: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.drafter not in DRAFTERS:
             raise ValueError(f"method {self.name!r}: unknown drafter {self.drafter!r}; use one of {', '.join(DRAFTERS)}")
         if self.k < 1:
             raise ValueError(f"method {self.name!r}: k must be >= 1, got {self.k}")
+        if self.drafter_params:
+            if self.drafter not in RETRIEVAL:
+                raise ValueError(f"method {self.name!r}: drafter settings are taken by the retrieval drafters "
+                                 f"({', '.join(RETRIEVAL)}), not {self.drafter!r}")
+            allowed = set(inspect.signature(RetrievalDrafter).parameters) - {"datastore", *RETRIEVAL[self.drafter]}
+            unknown = sorted(set(self.drafter_params) - allowed)
+            if unknown:
+                raise ValueError(f"method {self.name!r}: unknown drafter settings {', '.join(unknown)}; "
+                                 f"known: {', '.join(sorted(allowed))}")
 
     def in_context(self, context: dict | None) -> "Method":
         """This method with the context's rule arguments filled in, checked by building its rule once:
@@ -59,8 +72,9 @@ class Method:
         return self.drafter in ("model", "model_int8", "step")
 
     def to_dict(self) -> dict:
-        return {"name": self.name, "drafter": self.drafter, "rule": self.rule, "rule_params": self.rule_params,
+        spec = {"name": self.name, "drafter": self.drafter, "rule": self.rule, "rule_params": self.rule_params,
                 "k": self.k}
+        return {**spec, "drafter_params": self.drafter_params} if self.drafter_params else spec  # runs before it resume
 
 
 BUILTIN = {m.name: m for m in (
@@ -94,7 +108,9 @@ def parse_method(text: str, context: dict | None = None) -> Method:
         except ValueError as err:
             raise ValueError(f"method {text!r}: {err}") from None
         k = int(values.pop("k", base.k))
-        base = replace(base, name=text, k=k, rule_params={**base.rule_params, **values})
+        drafter = {key.removeprefix("drafter."): values.pop(key) for key in list(values) if key.startswith("drafter.")}
+        base = replace(base, name=text, k=k, rule_params={**base.rule_params, **values},
+                       drafter_params={**base.drafter_params, **drafter})
     return base.in_context(context)
 
 

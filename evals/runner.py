@@ -140,7 +140,7 @@ def run_one(problem: Problem, method: Method, settings: RunSettings, target, tok
     elif method.drafter == "step":
         kwargs["drafter"] = StepDrafter(drafts["model"], StepSegmenter(tokenizer, max_step_tokens=method.k))
     elif method.drafter in RETRIEVAL:
-        kwargs["drafter"] = RetrievalDrafter(drafts["datastore"], **RETRIEVAL[method.drafter])
+        kwargs["drafter"] = RetrievalDrafter(drafts["datastore"], **RETRIEVAL[method.drafter], **method.drafter_params)
     else:
         kwargs["assistant_model"] = drafts[method.drafter]
     result = generate(target, ids, **kwargs)

@@ -47,6 +47,18 @@ def test_method_parsing_and_errors():
         load_methods("sd,sd")
 
 
+def test_drafter_settings_go_to_the_retrieval_drafter_only():
+    m = parse_method("sense:drafter.max_nodes=24,drafter.num_candidates=4,theta_e=0.1")
+    assert m.drafter_params == {"max_nodes": 24, "num_candidates": 4} and m.rule_params == {"theta_e": 0.1}
+    assert m.to_dict()["drafter_params"] == m.drafter_params and "drafter_params" not in BUILTIN["sd"].to_dict()
+    with pytest.raises(ValueError, match="unknown drafter settings nodes"):
+        parse_method("sense:drafter.nodes=3")
+    with pytest.raises(ValueError, match="known: .*max_nodes"):
+        parse_method("rest:drafter.semantic=true")  # REST's switch is fixed by the method
+    with pytest.raises(ValueError, match="taken by the retrieval drafters"):
+        parse_method("sd:drafter.max_nodes=3")
+
+
 def test_rule_the_drafter_cannot_serve_is_refused(monkeypatch):
     from semverify import rules
     from semverify.rules import SpeculativeSampling, register_rule

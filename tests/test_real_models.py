@@ -89,3 +89,22 @@ def test_smollm_sense_at_theta_one_matches_greedy(smollm, tmp_path):
                                           num_draft_tokens=8, max_new_tokens=48)
         assert torch.equal(out, expected)
         assert stats.accepted > 0
+
+
+def test_qwen_pair_semanticspec_with_the_shipped_probes(qwen_pair):
+    """``acceptance="semanticspec"`` works out of the box on the default pair (probes shipped in the
+    package, found by the models' names); at r_min > 1 it is the target's greedy output exactly."""
+    from semverify.semanticspec import SemanticStepRule, find_probe
+
+    target, draft, tokenizer = qwen_pair
+    ids = gsm8k_ids(tokenizer, 1)[0]
+    out = generate(target, ids, assistant_model=draft, tokenizer=tokenizer, acceptance="semanticspec",
+                   max_new_tokens=96, return_dict_in_generate=True)
+    reasons = out.spec_stats.reasons
+    assert reasons["step"] + reasons["step_rejected"] > 0  # whole steps were drafted and judged
+    probes = [find_probe(m.name_or_path) for m in (draft, target)]
+    assert [p.hidden_size for p in probes] == [896, 1536]
+    strict = SemanticStepRule(*probes, r_min=1.5)
+    expected = target.generate(ids, do_sample=False, max_new_tokens=64)
+    assert torch.equal(generate(target, ids, assistant_model=draft, tokenizer=tokenizer, acceptance=strict,
+                                max_new_tokens=64), expected)

@@ -171,13 +171,16 @@ def test_datastore_cli_then_compare_with_sense_methods(tmp_path, tiny_checkpoint
 
     out = tmp_path / "run"
     main(["compare", "--target", str(tiny_checkpoint), "--data", "sample", "--limit", "2", "--max-new-tokens", "10",
-          "--dtype", "float32", "--methods", "vanilla,rest,sense,sense_no_se", "--datastore", str(store),
-          "--out", str(out), "--no-report"])
+          "--dtype", "float32", "--methods", "vanilla,rest,sense,sense_no_se,rest:drafter.max_nodes=2",
+          "--datastore", str(store), "--out", str(out), "--no-report"])
     rows = [json.loads(line) for line in (out / "rows.rank0.jsonl").open()]
-    assert len(rows) == 8
+    assert len(rows) == 10
     by = {(r["id"], r["method"]): r for r in rows}
     for i in range(2):  # exact verification of retrieval drafts keeps the target's greedy output
         assert by[(i, "rest")]["output"] == by[(i, "vanilla")]["output"] == by[(i, "sense_no_se")]["output"]
+        small = by[(i, "rest:drafter.max_nodes=2")]  # the drafter setting reached the drafter
+        assert small["output"] == by[(i, "rest")]["output"] and small["drafted"] <= 2 * small["steps"]
+    assert any(by[(i, "rest")]["drafted"] > 2 * by[(i, "rest")]["steps"] for i in range(2))
 
 
 def test_id_answers_are_the_greedy_outputs_and_resume(tiny_store, tmp_path):
