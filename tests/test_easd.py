@@ -149,6 +149,7 @@ def test_normalised_entropy_thresholds():
     (dict(), "needs thresholds"),
     (dict(tau_q=1.0), "needs thresholds"),
     (dict(percentile=80), "draft_calibration and target_calibration"),
+    (dict(draft_calibration="a"), "needs thresholds"),
     (dict(percentile=80, tau_q=1.0, draft_calibration="a", target_calibration="b"), "not both"),
 ])
 def test_bad_parameters(kwargs, message):
@@ -264,6 +265,8 @@ def test_calibration_quantiles_and_lookup(tmp_path, monkeypatch):
     rule = get_rule("easd", percentile=80, draft_calibration="tiny/model", target_calibration=str(path),
                     temperature=0.5)
     assert rule.tau_q == rule.tau_p == pytest.approx(calib.quantiles["0.5"][80])
+    default = get_rule("easd", draft_calibration="tiny/model", target_calibration=str(path), temperature=0.5)
+    assert default.tau_q == rule.tau_q  # both calibrations and no thresholds: the calibrated 80th percentile
 
 
 def test_shipped_calibrations_of_the_default_pair():
@@ -297,6 +300,16 @@ def test_calibrate_cli_then_compare_with_easd(tmp_path, monkeypatch, tiny_checkp
     assert easd["rule_params"]["temperature"] == 1.0
     easd_rows = [r for r in rows if r["method"].startswith("easd")]
     assert len(easd_rows) == 2 and all("penalty" in r["reasons_per_position"] for r in easd_rows)
+
+    # generate() tells a rule named by string the models' names: easd finds both calibrations by itself
+    from transformers import AutoModelForCausalLM
+
+    from semverify import generate
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_checkpoint)
+    ids = torch.tensor([[1, 2, 3, 4]])
+    got = generate(model, ids, assistant_model=model, acceptance="easd", max_new_tokens=8, return_dict_in_generate=True)
+    assert got.spec_stats.new_tokens == 8 and "penalty" in got.spec_stats.reasons_per_position
 
 
 def test_easd_without_a_calibration_fails_before_models_load(tmp_path, monkeypatch):

@@ -8,6 +8,9 @@ from .calibration import EntropyCalibration, calibrate_entropy, calibration_path
 from .rule import EntropyAwareRule
 
 
+DEFAULT_PERCENTILE = 80  # the authors' starting point (ALGORITHMS.md section 1); the built-in `easd` method too
+
+
 def make_easd(
     tau_q: float | None = None,
     tau_p: float | None = None,
@@ -24,8 +27,12 @@ def make_easd(
 
     ``draft_calibration``/``target_calibration``: a model name (looked up as in
     :func:`find_calibration`) or a calibration JSON path. ``temperature`` picks the calibration made
-    at the decoding temperature (greedy decoding sees the T=1 distributions).
+    at the decoding temperature (greedy decoding sees the T=1 distributions). With no thresholds at all
+    but both calibrations known (``generate(acceptance="easd")`` names the models), the percentile is
+    the calibrated default, ``DEFAULT_PERCENTILE``.
     """
+    if percentile is tau_q is tau_p is None and draft_calibration and target_calibration:
+        percentile = DEFAULT_PERCENTILE
     if percentile is not None:
         if tau_q is not None or tau_p is not None:
             raise ValueError("easd: give either percentile or tau_q/tau_p, not both")
