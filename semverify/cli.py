@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 from pathlib import Path
 
@@ -121,6 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    args.command_line = shlex.join(["semverify", *(sys.argv[1:] if argv is None else argv)])  # provenance
     if args.command == "rules":
         print("\n".join(available_rules()))
         return 0
@@ -206,7 +208,7 @@ def _probes(args: argparse.Namespace) -> int:
     probe, metrics = pl.train_probe(x, y, groups, model_name=args.model)
     probe.meta.update({"role": args.role, "feature": feature, "texts": args.texts, "per_text": args.per_text,
                        "settings": vars(settings), "threshold": args.threshold, "dtype": args.dtype,
-                       "max_step_tokens": args.max_step_tokens})
+                       "max_step_tokens": args.max_step_tokens, "command": args.command_line})
     path = probe.save(args.out or cache_root() / "probes" / f"{model_key(args.model)}.pt")
     pl.write_report(args.work, {"probe": str(path), **probe.meta})
     print(json.dumps({"probe": str(path), "label_mean": float(y.mean()), **metrics}, indent=2))

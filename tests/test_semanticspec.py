@@ -220,6 +220,7 @@ def test_probes_cli_writes_a_loadable_probe(tmp_path, tiny_checkpoint):
                  "--work", str(tmp_path / "work"), "--out", str(out)]) == 0
     probe = SemanticProbe.load(out, model=str(tiny_checkpoint))
     assert probe.meta["role"] == "target" and probe.meta["feature"] == "tokens" and probe.meta["samples"] == 9
+    assert probe.meta["command"].startswith("semverify probes --model ") and "--samples 3" in probe.meta["command"]
     assert json.loads((tmp_path / "work" / "probe_report.json").read_text())["probe"] == str(out)
 
 
