@@ -3,8 +3,9 @@
     python examples/rules_side_by_side.py                       # the default offline pair, greedy
     python examples/rules_side_by_side.py --do-sample --temperature 0.7 --problem 3
 
-EASD needs entropy calibrations of both models (shipped for the default pair; for others run
-`semverify calibrate --model NAME`); it is skipped with a message when they are missing.
+EASD needs entropy calibrations of both models and SemanticSpec a probe per model (both shipped for
+the default pair; for others run `semverify calibrate` / `semverify probes`); a rule whose files are
+missing is skipped with a message. Rules are named by string: generate() tells them the models' names.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from evals.benchmarks import GSM8K
 from evals.grading import grade
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--target", default=semverify.DEFAULT_TARGET)
     parser.add_argument("--draft", default=semverify.DEFAULT_DRAFT)
@@ -27,33 +28,30 @@ def main() -> None:
     parser.add_argument("--do-sample", action="store_true")
     parser.add_argument("--temperature", type=float, default=0.7)
     parser.add_argument("--dtype", default="bfloat16")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
     target, tok = semverify.load_model(args.target, dtype=args.dtype)
     draft, _ = semverify.load_model(args.draft, dtype=args.dtype)
     gsm8k = GSM8K()
     problem = gsm8k.load(limit=args.problem + 1)[args.problem]
     ids = tok(gsm8k.prompt(tok, problem), return_tensors="pt").input_ids
-    temperature = args.temperature if args.do_sample else 1.0
 
-    rules = {"target alone": None, "speculative": "speculative", "typical": "typical"}
-    try:
-        rules["easd (80th percentile)"] = semverify.get_rule(
-            "easd", percentile=80, draft_calibration=args.draft, target_calibration=args.target,
-            temperature=temperature)
-    except (FileNotFoundError, ValueError) as err:
-        print(f"[skipping easd: {err}]")
-
+    rules = ["target alone", "speculative", "typical", "easd", "semanticspec"]
     print(f"Q: {problem.question}\n(gold answer {problem.answer})\n")
-    for name, rule in rules.items():
-        kwargs = {"drafter": semverify.NoDrafter()} if rule is None else {"assistant_model": draft, "acceptance": rule}
+    for rule in rules:
+        kwargs = {"drafter": semverify.NoDrafter()} if rule == "target alone" else {
+            "assistant_model": draft, "acceptance": rule, "tokenizer": tok}
         if args.do_sample:
             kwargs.update(do_sample=True, temperature=args.temperature)
-        out = semverify.generate(target, ids, max_new_tokens=args.max_new_tokens, return_dict_in_generate=True,
-                                 generator=torch.Generator().manual_seed(0), **kwargs)
+        try:
+            out = semverify.generate(target, ids, max_new_tokens=args.max_new_tokens, return_dict_in_generate=True,
+                                     generator=torch.Generator().manual_seed(0), **kwargs)
+        except (FileNotFoundError, ValueError) as err:
+            print(f"[skipping {rule}: {err}]\n")
+            continue
         text = tok.decode(out.sequences[0, ids.shape[1]:], skip_special_tokens=True)
         grades = grade(text, problem.answer)
-        print(f"=== {name}: math-verify {'correct' if grades['math_verify'] else 'wrong'}; "
+        print(f"=== {rule}: math-verify {'correct' if grades['math_verify'] else 'wrong'}; "
               f"{out.spec_stats.summary()}; reasons {dict(out.spec_stats.reasons)}")
         print(text.strip()[-300:], "\n")
 
