@@ -68,6 +68,7 @@ def summarise(run_dir: str | Path, reference: str = "vanilla", grader: str = "ma
             "new_tokens": sum(r["new_tokens"] for r in rs),
             "drafted": drafted,
             "drafted_per_position": _sum_lists(r["drafted_per_position"] for r in rs),
+            "scores": _score_summary(rs),
         }
         entry["paired"] = {other: mcnemar([by[(i, other)]["grades"][grader] for i in ids],
                                           [r["grades"][grader] for r in rs]) for other in paired if other != m.name}
@@ -101,6 +102,19 @@ def _by_position(rows: list[dict]) -> list[float]:
 def _sum_reasons_per_position(rows: list[dict]) -> dict[str, list[int]]:
     names = {k for r in rows for k in r.get("reasons_per_position", {})}
     return {k: _sum_lists(r.get("reasons_per_position", {}).get(k, []) for r in rows) for k in sorted(names)}
+
+
+def _score_summary(rows: list[dict]) -> dict[str, dict]:
+    """Quantiles of each per-step score a rule reported (e.g. SemanticSpec's step_ratio), over all steps."""
+    names = sorted({k for r in rows for k in r.get("scores", {})})
+    out = {}
+    for name in names:
+        values = sorted(v for r in rows for v in r.get("scores", {}).get(name, []))
+        if values:
+            deciles = statistics.quantiles(values, n=10, method="inclusive") if len(values) > 1 else values * 9
+            out[name] = {"n": len(values), "min": values[0], "p10": deciles[0], "median": deciles[4],
+                         "p90": deciles[8], "max": values[-1], "share_below_1": sum(v < 1 for v in values) / len(values)}
+    return out
 
 
 def _sum_reasons(rows: list[dict]) -> dict:
@@ -153,6 +167,11 @@ def _rule_events(summary: dict) -> list[str]:
             lines.append(f"- `{name}` {reason}: {count} times, {100 * count / m['new_tokens']:.2f} per 100 new "
                          f"tokens, {100 * count / max(m['drafted'], 1):.2f}% of drafted tokens"
                          + (f"; by draft position: {shares}" if shares else ""))
+    for name, m in summary["methods"].items():
+        for score, q in m.get("scores", {}).items():
+            lines.append(f"- `{name}` {score} over {q['n']} steps: min {q['min']:.3g}, p10 {q['p10']:.3g}, "
+                         f"median {q['median']:.3g}, p90 {q['p90']:.3g}, max {q['max']:.3g}; "
+                         f"{100 * q['share_below_1']:.1f}% below 1")
     return ["", "Rule events:", "", *lines] if lines else []
 
 

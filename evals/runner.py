@@ -153,7 +153,7 @@ def run_one(problem: Problem, method: Method, settings: RunSettings, target, tok
         "drafted": stats.drafted, "accepted": stats.accepted, "tau": stats.tau, "alpha": stats.alpha,
         "accept_lengths": stats.accept_lengths, "drafted_per_position": stats.drafted_per_position,
         "accepted_per_position": stats.accepted_per_position, "reasons": dict(stats.reasons),
-        "reasons_per_position": stats.reasons_per_position,
+        "reasons_per_position": stats.reasons_per_position, "scores": stats.scores,
         "draft_time": stats.draft_time, "verify_time": stats.verify_time, "total_time": stats.total_time,
         "tok_s": stats.tokens_per_second,
     }

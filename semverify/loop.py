@@ -100,7 +100,7 @@ def speculative_generate(
             keep_first(cache, seq.shape[1] - 1)
             drafter.commit(n, verdict.next_token, hidden)
             stats.record_step(n_draft, n, emitted.shape[1], verdict.reasons,
-                              positions=len(path) if path is not None else None)
+                              positions=len(path) if path is not None else None, scores=verdict.scores)
             stats.draft_time += t1 - t0
             stats.verify_time += t2 - t1
             if streamer is not None:

@@ -25,12 +25,13 @@ class SpecStats:
     accepted_per_position: list[int] = field(default_factory=list)
     reasons: Counter = field(default_factory=Counter)
     reasons_per_position: dict[str, list[int]] = field(default_factory=dict)
+    scores: dict[str, list[float]] = field(default_factory=dict)  # per step, for the steps that gave one
     draft_time: float = 0.0
     verify_time: float = 0.0
     total_time: float = 0.0
 
     def record_step(self, drafted: int, accepted: int, emitted: int, reasons: dict[str, torch.Tensor],
-                    positions: int | None = None) -> None:
+                    positions: int | None = None, scores: dict[str, torch.Tensor] | None = None) -> None:
         """Count one target forward that checked ``drafted`` tokens, kept ``accepted``, emitted ``emitted``.
 
         ``positions``: for a tree draft, the length of the path the rule chose (per-position counts
@@ -50,6 +51,8 @@ class SpecStats:
             per_pos.extend([0] * (len(flags) - len(per_pos)))
             for i, flag in enumerate(flags):
                 per_pos[i] += int(flag)
+        for name, value in (scores or {}).items():
+            self.scores.setdefault(name, []).append(float(value[0]))
 
     @property
     def tau(self) -> float:
@@ -84,6 +87,7 @@ class SpecStats:
             "acceptance_by_position": self.acceptance_by_position,
             "reasons": dict(self.reasons),
             "reasons_per_position": {k: list(v) for k, v in self.reasons_per_position.items()},
+            "scores": {k: list(v) for k, v in self.scores.items()},
             "draft_time": self.draft_time,
             "verify_time": self.verify_time,
             "other_time": self.other_time,

@@ -78,9 +78,12 @@ class Verdict:
     """A rule's decision: accept ``n_accepted`` draft tokens, then emit ``next_token``.
 
     ``reasons`` maps a reason name (``"exact"``, ``"ratio"``, ``"typical"``, ``"penalty"``...) to a
-    [B, k] bool mask of the positions it applied to; stats count them per position.
+    [B, k] bool mask of the positions it applied to; stats count them per position. ``scores`` maps a
+    name to a [B] float the rule computed for this step (SemanticSpec's probe ratio...); stats keep
+    each step's value, so a threshold's effect can be read off without rerunning.
     """
 
     n_accepted: torch.LongTensor  # [B]
     next_token: torch.LongTensor  # [B]
     reasons: dict[str, torch.BoolTensor] = field(default_factory=dict)
+    scores: dict[str, torch.Tensor] = field(default_factory=dict)

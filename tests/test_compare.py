@@ -105,6 +105,17 @@ def test_statistics_helpers():
     assert result["only_method"] == 10 and result["only_reference"] == 0 and result["p_value"] < 0.01
 
 
+def test_per_step_scores_are_summarised_by_quantiles():
+    from evals.report import _rule_events, _score_summary
+
+    rows = [{"scores": {"step_ratio": [0.5, 1.5, 2.0]}}, {"scores": {"step_ratio": [1.2]}}, {"scores": {}}]
+    q = _score_summary(rows)["step_ratio"]
+    assert q["n"] == 4 and q["min"] == 0.5 and q["max"] == 2.0 and q["share_below_1"] == 0.25
+    assert q["median"] == 1.35 and q["p10"] < q["median"] < q["p90"]
+    line = _rule_events({"methods": {"ss": {"reasons": {}, "scores": {"step_ratio": q}}}})[-1]
+    assert line.startswith("- `ss` step_ratio over 4 steps: min 0.5,") and line.endswith("25.0% below 1")
+
+
 def test_compare_report_and_resume_after_kill(tiny_checkpoint, tmp_path):
     clean = tmp_path / "clean"
     main(compare_args(tiny_checkpoint, clean))

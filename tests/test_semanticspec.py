@@ -96,6 +96,8 @@ def test_step_rule_accepts_whole_steps_or_nothing():
     assert v.reasons["step_rejected"].tolist() == [[True, False, False, False]]
     v = SemanticStepRule(ConstantProbe(0.5), ConstantProbe(0.9), r_min=1.01)(x)  # r is capped at 1
     assert int(v.n_accepted) == 0
+    # the unclipped ratio and both probabilities are reported as this step's scores
+    assert {k: round(float(t), 4) for k, t in v.scores.items()} == {"p_target": 0.9, "p_draft": 0.5, "step_ratio": 1.8}
 
 
 def test_step_rule_draws_with_probability_r():
@@ -165,6 +167,7 @@ def test_accepted_steps_are_the_drafts_own_steps():
                                     on_step=on_step)
     assert stats.reasons["step"] > 0 and stats.reasons["step_rejected"] == 0
     assert stats.accepted == stats.reasons["step"] and stats.new_tokens == stats.accepted + stats.steps
+    assert len(stats.scores["step_ratio"]) == len(steps) and set(stats.scores["step_ratio"]) == {1.0}
     for prefix, step in steps:  # each accepted step is the draft's own greedy continuation
         alone = draft.generate(prefix, do_sample=False, max_new_tokens=step.shape[1], min_new_tokens=step.shape[1])
         assert torch.equal(alone[:, prefix.shape[1]:], step)

@@ -16,7 +16,8 @@ class SemanticStepRule:
     """For a ``"step"`` draft: P_t = target_probe(mean target hidden over the step's tokens), P_d =
     draft_probe(meta["pooled_hidden"]), r = min(1, P_t / P_d); accept the whole step when r >= r_min
     and u < r (u uniform), then the target's token follows; otherwise keep nothing and emit the target's
-    token at the step's start. Token drafts go to ``token_rule`` (lossless by default).
+    token at the step's start. Token drafts go to ``token_rule`` (lossless by default). Every judged
+    step's P_t, P_d and unclipped P_t / P_d go to the statistics' ``scores``.
 
     ``r_min > 1`` never accepts a step, which leaves exact target decoding with a lossless token rule.
     """
@@ -41,12 +42,12 @@ class SemanticStepRule:
             raise ValueError("semanticspec cuts steps at text breaks: pass tokenizer= to generate()")
         return StepDrafter(draft_model, StepSegmenter(tokenizer, max_step_tokens=max_step_tokens)), max_step_tokens
 
-    def ratio(self, x: VerifyInput) -> torch.Tensor:
-        """[B] r = min(1, P_t / P_d) for a step draft."""
+    def probabilities(self, x: VerifyInput) -> tuple[torch.Tensor, torch.Tensor]:
+        """[B] P_t and P_d, the probes' semantic probabilities of a drafted step."""
         with torch.no_grad():
             p_t = self.target_probe(x.target_hidden[:, 1 : x.k + 1].float().mean(dim=1))
             p_d = self.draft_probe(x.draft.meta["pooled_hidden"].float())
-        return (p_t / p_d.clamp_min(self.eps)).clamp(max=1.0)
+        return p_t, p_d
 
     def __call__(self, x: VerifyInput) -> Verdict:
         kind = x.draft.meta.get("kind")
@@ -55,11 +56,14 @@ class SemanticStepRule:
         if kind != "step" or x.target_hidden is None:
             raise ValueError("semanticspec verifies whole steps drafted by a StepDrafter: pass assistant_model= "
                              "(generate() wraps it) or drafter=StepDrafter(draft_model, StepSegmenter(tokenizer))")
-        r = self.ratio(x)
+        p_t, p_d = self.probabilities(x)
+        raw = p_t / p_d.clamp_min(self.eps)
+        r = raw.clamp(max=1.0)
         u = torch.rand(r.shape, generator=x.generator, device=r.device)
         accept = (r >= self.r_min) & (u < r)
         n = torch.where(accept, x.k, 0)
         choice = target_choices(x)
         first = prefix_mask(torch.ones_like(n), x.k)
         return Verdict(n, at_position(choice, n), {"step": prefix_mask(n, x.k),
-                                                   "step_rejected": first & ~accept[:, None]})
+                                                   "step_rejected": first & ~accept[:, None]},
+                       scores={"p_target": p_t, "p_draft": p_d, "step_ratio": raw})
