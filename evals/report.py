@@ -13,6 +13,8 @@ from .grading import GRADERS
 from .methods import Method
 from .rows import read_rows
 
+POSITIONS = 10  # draft positions listed in the rule-event lines (step drafts have up to 128)
+
 
 def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
     """95% Wilson score interval for k successes in n trials (sound at 0 and n, unlike the normal one)."""
@@ -163,15 +165,16 @@ def _rule_events(summary: dict) -> list[str]:
             if reason in ("exact", "ratio") or not m.get("new_tokens"):
                 continue
             by_pos = m.get("reasons_per_position", {}).get(reason, [])
-            shares = ", ".join(f"{100 * c / d:.1f}%" for c, d in zip(by_pos, m["drafted_per_position"]) if d)
+            shares = ", ".join(f"{100 * c / d:.1f}%" for c, d in zip(by_pos[:POSITIONS], m["drafted_per_position"]) if d)
+            shares += ", ..." if len(by_pos) > POSITIONS else ""
             lines.append(f"- `{name}` {reason}: {count} times, {100 * count / m['new_tokens']:.2f} per 100 new "
                          f"tokens, {100 * count / max(m['drafted'], 1):.2f}% of drafted tokens"
                          + (f"; by draft position: {shares}" if shares else ""))
     for name, m in summary["methods"].items():
         for score, q in m.get("scores", {}).items():
             lines.append(f"- `{name}` {score} over {q['n']} steps: min {q['min']:.3g}, p10 {q['p10']:.3g}, "
-                         f"median {q['median']:.3g}, p90 {q['p90']:.3g}, max {q['max']:.3g}; "
-                         f"{100 * q['share_below_1']:.1f}% below 1")
+                         f"median {q['median']:.3g}, p90 {q['p90']:.3g}, max {q['max']:.3g}"
+                         + (f"; {100 * q['share_below_1']:.1f}% below 1" if q["max"] >= 1 else ""))
     return ["", "Rule events:", "", *lines] if lines else []
 
 
