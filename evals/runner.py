@@ -57,21 +57,35 @@ def shard_info() -> tuple[int, int]:
 
 
 def prepare_run(out: Path, settings: RunSettings, methods: list[Method]) -> None:
-    """Write run.json, or check that an existing one describes the same run."""
+    """Write run.json, or check that an existing one has the same settings. Methods the run does not
+    have yet are added to it (same problems and seeds, so they pair with the rows already there); a
+    method whose name is in the run with another definition is refused."""
     spec = {"settings": asdict(settings), "methods": [m.to_dict() for m in methods]}
     path = out / "run.json"
     if path.exists():
         old = json.loads(path.read_text())
         # settings added to semverify after a run started are unset (None) in its resume
         new_unset = {k for k, v in spec["settings"].items() if v is None and k not in old["settings"]}
-        current = {**spec, "settings": {k: v for k, v in spec["settings"].items() if k not in new_unset}}
-        if {k: old[k] for k in spec} != current:
-            raise ValueError(f"{out} holds a run with other settings or methods; resume it with the same "
-                             "command or choose a new --out")
+        current = {k: v for k, v in spec["settings"].items() if k not in new_unset}
+        known = {m["name"]: m for m in old["methods"]}
+        changed = [m["name"] for m in spec["methods"] if m["name"] in known and known[m["name"]] != m]
+        if old["settings"] != current or changed:
+            what = f"other definitions of {', '.join(changed)}" if changed else "other settings"
+            raise ValueError(f"{out} holds a run with {what}; resume it with the same settings or choose a new --out")
+        added = [m for m in spec["methods"] if m["name"] not in known]
+        if added:
+            old["methods"] += added
+            old.setdefault("added", []).append({"methods": [m["name"] for m in added],
+                                                "environment": environment(**asdict(settings))})
+            _write_json(path, old)
         return
     out.mkdir(parents=True, exist_ok=True)
+    _write_json(path, {**spec, "environment": environment(**asdict(settings))})
+
+
+def _write_json(path: Path, data: dict) -> None:
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({**spec, "environment": environment(**asdict(settings))}, indent=2))
+    tmp.write_text(json.dumps(data, indent=2))
     os.replace(tmp, path)
 
 

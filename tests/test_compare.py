@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from evals.methods import BUILTIN, Method, load_methods, parse_method
-from evals.report import mcnemar, report, wilson
+from evals.report import mcnemar, report, summarise, wilson
 from evals.rows import RowWriter, read_rows
 from semverify.cli import main
 
@@ -150,6 +150,25 @@ def test_resume_with_other_settings_is_refused(tiny_checkpoint, tmp_path):
     main(compare_args(tiny_checkpoint, tmp_path / "run", limit=1, extra=["--no-report"]))
     with pytest.raises(ValueError, match="other settings"):
         main(compare_args(tiny_checkpoint, tmp_path / "run", limit=2))
+
+
+def test_methods_can_be_added_to_an_existing_run(tiny_checkpoint, tmp_path):
+    run = tmp_path / "run"
+    args = ["compare", "--target", str(tiny_checkpoint), "--draft", str(tiny_checkpoint), "--data", "sample",
+            "--limit", "2", "--max-new-tokens", "8", "--dtype", "float32", "--out", str(run), "--no-report"]
+    main([*args, "--methods", "vanilla,sd"])
+    before = comparable(read_rows(run))
+    main([*args, "--methods", "typical:posterior_threshold=0.2"])  # only the new method runs
+    spec = json.loads((run / "run.json").read_text())
+    assert [m["name"] for m in spec["methods"]] == ["vanilla", "sd", "typical:posterior_threshold=0.2"]
+    assert spec["added"][0]["methods"] == ["typical:posterior_threshold=0.2"] and "date" in spec["added"][0]["environment"]
+    after = comparable(read_rows(run))
+    assert {k: after[k] for k in before} == before and len(after) == 6
+    assert summarise(run)["problems"] == 2
+    config = tmp_path / "methods.json"  # the same name with another definition is refused
+    config.write_text(json.dumps({"methods": [{"name": "sd", "drafter": "model", "rule": "typical"}]}))
+    with pytest.raises(ValueError, match="other definitions of sd"):
+        main([*args, "--methods", "vanilla", "--config", str(config)])
 
 
 def test_two_process_shards_merge_to_the_single_process_rows(tiny_checkpoint, tmp_path):
