@@ -137,7 +137,8 @@ def _pick_drafter(model, assistant_model, drafter, num_assistant_tokens, prompt_
     k = num_assistant_tokens or config.num_assistant_tokens or DEFAULT_NUM_DRAFT_TOKENS
     if assistant_model is not None:
         check_same_vocabulary(model, assistant_model, tokenizer, assistant_tokenizer)
-        return ModelDrafter(assistant_model, _setting(config, "assistant_confidence_threshold")), k
+        return ModelDrafter(assistant_model, _setting(config, "assistant_confidence_threshold"),
+                            eos_token_id=config.eos_token_id), k
     if prompt_lookup_num_tokens is not None:
         if prompt_lookup_num_tokens < 1:
             raise ValueError(f"prompt_lookup_num_tokens must be >= 1, got {prompt_lookup_num_tokens}")

@@ -94,12 +94,15 @@ def speculative_generate(
             t2 = time.perf_counter()
             emitted = torch.cat([accepted, verdict.next_token[:, None]], dim=1)
             stops = torch.isin(emitted[0], eos).nonzero()
-            if len(stops):
-                emitted = emitted[:, : int(stops[0]) + 1]
+            reasons = verdict.reasons
+            if len(stops):  # nothing after an EOS is emitted, so it does not count as accepted either
+                end = int(stops[0]) + 1
+                emitted, n = emitted[:, :end], min(n, end)
+                reasons = {name: mask[:, :end] for name, mask in reasons.items()}
             seq = torch.cat([seq, emitted], dim=1)
             keep_first(cache, seq.shape[1] - 1)
             drafter.commit(n, verdict.next_token, hidden)
-            stats.record_step(n_draft, n, emitted.shape[1], verdict.reasons,
+            stats.record_step(n_draft, n, emitted.shape[1], reasons,
                               positions=len(path) if path is not None else None, scores=verdict.scores)
             stats.draft_time += t1 - t0
             stats.verify_time += t2 - t1

@@ -45,3 +45,14 @@ def test_model_drafter_gives_the_distribution_it_sampled_from():
         expected = sampler.probs(model(ids).logits[:, -1])
     torch.testing.assert_close(draft.probs[:, 0], expected)
     assert draft.probs[0, torch.arange(3), draft.tokens[0]].gt(0).all()
+
+
+def test_model_drafter_stops_after_eos():
+    model = tiny_model(0, vocab=16, init_std=0.5)
+    ids = torch.tensor([[1, 2, 3]])
+    greedy = ModelDrafter(model, eos_token_id=[])
+    greedy.reset(ids)
+    free = greedy.propose(ids, 4, Sampler(), None).tokens[0].tolist()
+    drafter = ModelDrafter(model, eos_token_id=free[1])
+    drafter.reset(ids)
+    assert drafter.propose(ids, 4, Sampler(), None).tokens[0].tolist() == free[: free.index(free[1]) + 1]

@@ -61,6 +61,20 @@ def test_eos_stops_like_transformers():
     assert int(out[0, -1]) == eos and out.shape[1] <= ids.shape[1] + 8
 
 
+def test_draft_tokens_after_eos_are_not_counted_as_accepted():
+    target = tiny_model(5)
+    ids = repetitive_prompt(5)
+    free = target.generate(ids, do_sample=False, max_new_tokens=30)
+    eos = int(free[0, ids.shape[1] + 2])
+    # a drafter blind to EOS drafts past it; the loop must cut the counts where the output ends
+    out, stats = speculative_generate(target, ids, drafter=ModelDrafter(target, eos_token_id=[]), rule=get_rule("greedy"),
+                                      num_draft_tokens=8, max_new_tokens=30, eos_token_id=eos)
+    assert int(out[0, -1]) == eos
+    assert stats.new_tokens == out.shape[1] - ids.shape[1] <= 3
+    assert stats.accepted <= stats.new_tokens and stats.drafted == 8
+    assert all(len(v) <= stats.new_tokens for v in stats.reasons_per_position.values())
+
+
 def test_max_new_tokens_is_exact_for_every_k():
     target = tiny_model(6)
     ids = repetitive_prompt(6)

@@ -15,16 +15,22 @@ class ModelDrafter:
 
     ``confidence_threshold`` stops a draft early once the draft's top probability falls below it
     (transformers' ``assistant_confidence_threshold`` idea): unlikely tokens waste draft forwards.
+    A draft also ends at an end-of-sequence token (``eos_token_id``, by default the draft model's
+    generation config): nothing after it would ever be emitted.
     """
 
     gives_probs = True
     needs_target_hidden = False
 
-    def __init__(self, model: PreTrainedModel, confidence_threshold: float | None = None) -> None:
+    def __init__(self, model: PreTrainedModel, confidence_threshold: float | None = None,
+                 eos_token_id: int | list[int] | None = None) -> None:
         if confidence_threshold is not None and not 0.0 <= confidence_threshold < 1.0:
             raise ValueError(f"confidence_threshold must be in [0, 1), got {confidence_threshold}")
         self.model = model
         self.confidence_threshold = confidence_threshold
+        if eos_token_id is None:
+            eos_token_id = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+        self.eos = set([eos_token_id] if isinstance(eos_token_id, int) else (eos_token_id or []))
         self.cache = None
         self._draft_start = 0
 
@@ -57,6 +63,8 @@ class ModelDrafter:
             if self.confidence_threshold is not None and float(q.max()) < self.confidence_threshold:
                 break
             if stop is not None and stop(tokens):
+                break
+            if self.eos and all(int(t) in self.eos for t in token):
                 break
         if not tokens:
             return Draft.empty(input_ids.shape[0], input_ids.device)

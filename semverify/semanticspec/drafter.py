@@ -21,8 +21,8 @@ class StepDrafter(ModelDrafter):
     """
 
     def __init__(self, model, segmenter: StepSegmenter, token_k: int = 5, target_first_step: bool = True,
-                 confidence_threshold: float | None = None) -> None:
-        super().__init__(model, confidence_threshold)
+                 confidence_threshold: float | None = None, eos_token_id: int | list[int] | None = None) -> None:
+        super().__init__(model, confidence_threshold, eos_token_id)
         if token_k < 0:
             raise ValueError(f"token_k must be >= 0, got {token_k}")
         self.segmenter, self.token_k, self.target_first_step = segmenter, token_k, target_first_step
