@@ -59,7 +59,8 @@ def shard_info() -> tuple[int, int]:
 def prepare_run(out: Path, settings: RunSettings, methods: list[Method]) -> None:
     """Write run.json, or check that an existing one has the same settings. Methods the run does not
     have yet are added to it (same problems and seeds, so they pair with the rows already there); a
-    method whose name is in the run with another definition is refused."""
+    method whose name is in the run with another definition is refused. Each resume records its
+    environment (code version included) under ``resumed``."""
     spec = {"settings": asdict(settings), "methods": [m.to_dict() for m in methods]}
     path = out / "run.json"
     if path.exists():
@@ -77,7 +78,9 @@ def prepare_run(out: Path, settings: RunSettings, methods: list[Method]) -> None
             old["methods"] += added
             old.setdefault("added", []).append({"methods": [m["name"] for m in added],
                                                 "environment": environment(**asdict(settings))})
-            _write_json(path, old)
+        else:
+            old.setdefault("resumed", []).append(environment(**asdict(settings)))
+        _write_json(path, old)
         return
     out.mkdir(parents=True, exist_ok=True)
     _write_json(path, {**spec, "environment": environment(**asdict(settings))})

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -144,6 +145,8 @@ def test_compare_report_and_resume_after_kill(tiny_checkpoint, tmp_path):
     lines = [line for line in rows_file.read_text().splitlines() if line.startswith("{")]
     keys = [(json.loads(line)["id"], json.loads(line)["method"]) for line in lines if line.endswith("}")]
     assert len(keys) == len(set(keys)) == 16
+    spec = json.loads((crashed / "run.json").read_text())  # the resume is on record, with the code that ran
+    assert len(spec["resumed"]) == 1 and re.fullmatch(r"[0-9a-f]{40}( \+ local changes)?", spec["resumed"][0]["code"])
 
 
 def test_resume_with_other_settings_is_refused(tiny_checkpoint, tmp_path):
