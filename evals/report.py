@@ -107,12 +107,15 @@ def _sum_reasons_per_position(rows: list[dict]) -> dict[str, list[int]]:
 
 
 def _score_summary(rows: list[dict]) -> dict[str, dict]:
-    """Quantiles of each per-step score a rule reported (e.g. SemanticSpec's step_ratio), over all steps."""
+    """Quantiles of each per-step score a rule reported (e.g. SemanticSpec's step_ratio), over all steps;
+    a 0/1 score (e.g. step_accepted) is summarised as a count."""
     names = sorted({k for r in rows for k in r.get("scores", {})})
     out = {}
     for name in names:
         values = sorted(v for r in rows for v in r.get("scores", {}).get(name, []))
-        if values:
+        if values and set(values) <= {0.0, 1.0}:
+            out[name] = {"n": len(values), "ones": int(sum(values))}
+        elif values:
             deciles = statistics.quantiles(values, n=10, method="inclusive") if len(values) > 1 else values * 9
             out[name] = {"n": len(values), "min": values[0], "p10": deciles[0], "median": deciles[4],
                          "p90": deciles[8], "max": values[-1], "share_below_1": sum(v < 1 for v in values) / len(values)}
@@ -172,6 +175,9 @@ def _rule_events(summary: dict) -> list[str]:
                          + (f"; by draft position: {shares}" if shares else ""))
     for name, m in summary["methods"].items():
         for score, q in m.get("scores", {}).items():
+            if "ones" in q:
+                lines.append(f"- `{name}` {score}: {q['ones']} of {q['n']} steps ({100 * q['ones'] / q['n']:.1f}%)")
+                continue
             lines.append(f"- `{name}` {score} over {q['n']} steps: min {q['min']:.3g}, p10 {q['p10']:.3g}, "
                          f"median {q['median']:.3g}, p90 {q['p90']:.3g}, max {q['max']:.3g}"
                          + (f"; {100 * q['share_below_1']:.1f}% below 1" if q["max"] >= 1 else ""))

@@ -115,6 +115,9 @@ def test_per_step_scores_are_summarised_by_quantiles():
     assert q["median"] == 1.35 and q["p10"] < q["median"] < q["p90"]
     line = _rule_events({"methods": {"ss": {"reasons": {}, "scores": {"step_ratio": q}}}})[-1]
     assert line.startswith("- `ss` step_ratio over 4 steps: min 0.5,") and line.endswith("25.0% below 1")
+    flags = _score_summary([{"scores": {"step_accepted": [1.0, 0.0, 1.0]}}, {"scores": {"step_accepted": [1.0]}}])
+    line = _rule_events({"methods": {"ss": {"reasons": {}, "scores": flags}}})[-1]
+    assert line == "- `ss` step_accepted: 3 of 4 steps (75.0%)"
 
 
 def test_compare_report_and_resume_after_kill(tiny_checkpoint, tmp_path):

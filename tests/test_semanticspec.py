@@ -97,7 +97,8 @@ def test_step_rule_accepts_whole_steps_or_nothing():
     v = SemanticStepRule(ConstantProbe(0.5), ConstantProbe(0.9), r_min=1.01)(x)  # r is capped at 1
     assert int(v.n_accepted) == 0
     # the unclipped ratio and both probabilities are reported as this step's scores
-    assert {k: round(float(t), 4) for k, t in v.scores.items()} == {"p_target": 0.9, "p_draft": 0.5, "step_ratio": 1.8}
+    assert {k: round(float(t), 4) for k, t in v.scores.items()} == {"p_target": 0.9, "p_draft": 0.5, "step_ratio": 1.8,
+                                                              "step_accepted": 0.0}
 
 
 def test_step_rule_draws_with_probability_r():

@@ -66,4 +66,5 @@ class SemanticStepRule:
         first = prefix_mask(torch.ones_like(n), x.k)
         return Verdict(n, at_position(choice, n), {"step": prefix_mask(n, x.k),
                                                    "step_rejected": first & ~accept[:, None]},
-                       scores={"p_target": p_t, "p_draft": p_d, "step_ratio": raw})
+                       scores={"p_target": p_t, "p_draft": p_d, "step_ratio": raw,
+                               "step_accepted": accept.float()})
