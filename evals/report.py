@@ -72,8 +72,14 @@ def summarise(run_dir: str | Path, reference: str = "vanilla", grader: str = "ma
             "drafted_per_position": _sum_lists(r["drafted_per_position"] for r in rs),
             "scores": _score_summary(rs),
         }
-        entry["paired"] = {other: mcnemar([by[(i, other)]["grades"][grader] for i in ids],
-                                          [r["grades"][grader] for r in rs]) for other in paired if other != m.name}
+        entry["paired"] = {}
+        for other in paired:
+            if other != m.name:
+                theirs = [by[(i, other)] for i in ids]
+                entry["paired"][other] = {
+                    **mcnemar([t["grades"][grader] for t in theirs], [r["grades"][grader] for r in rs]),
+                    "identical": sum(t["output"] == r["output"] for t, r in zip(theirs, rs)),
+                }
         out["methods"][m.name] = entry
     return out
 
@@ -157,7 +163,14 @@ def markdown(summary: dict) -> str:
         lines.append(f"| {name} | {'yes' if m['lossless'] else 'no'} | {' | '.join(accs)} | {m['tau']:.2f} | "
                      f"{alpha} | {m['tok_s_median']:.2f} | {m['speedup_median']:.2f}x | {m['wall_s']:.0f} | "
                      + " | ".join(ps) + " |")
-    return "\n".join(lines + _rule_events(summary)) + "\n"
+    return "\n".join(lines + _identical(summary) + _rule_events(summary)) + "\n"
+
+
+def _identical(summary: dict) -> list[str]:
+    """Which methods wrote the same text as a paired one (e.g. a threshold that never bound)."""
+    same = [f"`{name}` = `{other}` on {p['identical']} of {summary['problems']}"
+            for name, m in summary["methods"].items() for other, p in m["paired"].items() if p.get("identical")]
+    return ["", "Identical outputs: " + "; ".join(same)] if same else []
 
 
 def _rule_events(summary: dict) -> list[str]:

@@ -131,6 +131,9 @@ def test_compare_report_and_resume_after_kill(tiny_checkpoint, tmp_path):
     assert (clean / "acceptance_by_position.png").stat().st_size > 0
     summary = json.loads((clean / "summary.json").read_text())
     assert summary["methods"]["sd"]["accuracy"]["strict"]["n"] == 4
+    # fp32, target as its own draft: the lossless methods write the target's text, which the report says
+    assert summary["methods"]["sd"]["paired"]["vanilla"]["identical"] == 4
+    assert "`sd` = `vanilla` on 4 of 4" in text
 
     crashed = tmp_path / "crashed"
     cmd = [sys.executable, "-m", "semverify.cli", *compare_args(tiny_checkpoint, crashed, extra=["--no-report"])]
