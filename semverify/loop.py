@@ -15,7 +15,7 @@ from .rules import AcceptanceRule
 from .sampling import Sampler
 from .stats import SpecStats
 from .tree import depths, keep_path, require_full_attention, tree_attention_mask, tree_position_ids, verify_tree
-from .types import Draft, Verdict, VerifyInput
+from .types import Draft, Verdict, VerifyInput, eos_ids
 
 
 @dataclass
@@ -51,7 +51,7 @@ def speculative_generate(
     ``rule`` keeps a prefix plus one token. Generation stops after an EOS token, as transformers does.
     """
     _check_call(input_ids, drafter, rule, num_draft_tokens, max_new_tokens)
-    eos = torch.tensor([eos_token_id] if isinstance(eos_token_id, int) else (eos_token_id or []))
+    eos = torch.tensor(eos_ids(eos_token_id))
     need_hidden = rule.needs_hidden_states or drafter.needs_target_hidden
     stats = SpecStats()
     seq = input_ids

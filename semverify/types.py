@@ -8,6 +8,11 @@ from functools import cached_property
 import torch
 
 
+def eos_ids(eos_token_id: int | list[int] | None) -> list[int]:
+    """transformers' ``eos_token_id`` (one id, a list of ids, or None) as a list of ids."""
+    return [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id or [])
+
+
 @dataclass
 class Draft:
     """Proposed tokens, and the exact distribution they were sampled from.

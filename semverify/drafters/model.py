@@ -7,7 +7,7 @@ from transformers import PreTrainedModel
 
 from ..cache import keep_first, new_cache
 from ..sampling import Sampler, sample_from
-from ..types import Draft
+from ..types import Draft, eos_ids
 
 
 class ModelDrafter:
@@ -30,7 +30,7 @@ class ModelDrafter:
         self.confidence_threshold = confidence_threshold
         if eos_token_id is None:
             eos_token_id = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-        self.eos = set([eos_token_id] if isinstance(eos_token_id, int) else (eos_token_id or []))
+        self.eos = set(eos_ids(eos_token_id))
         self.cache = None
         self._draft_start = 0
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..types import Draft
+from ..types import Draft, eos_ids
 
 
 class PromptLookupDrafter:
@@ -26,7 +26,7 @@ class PromptLookupDrafter:
             raise ValueError(f"prefer must be 'first' or 'recent', got {prefer!r}")
         self.max_ngram_size = max_ngram_size
         self.prefer = prefer
-        self.eos = torch.tensor([eos_token_id] if isinstance(eos_token_id, int) else (eos_token_id or []))
+        self.eos = torch.tensor(eos_ids(eos_token_id))
 
     def reset(self, input_ids: torch.LongTensor) -> None:
         pass

@@ -18,6 +18,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..cache import new_cache
+from ..types import eos_ids
 from .probe import SemanticProbe
 from .segment import StepSegmenter
 
@@ -66,7 +67,7 @@ def sample_steps(model, tokenizer, prefix: str, segmenter: StepSegmenter, settin
     states = [out.hidden_states[-1][:, -1].expand(n, -1).float()]  # h[0]: at the prefix's last token
     steps: list[list[int]] = [[] for _ in range(n)]
     done = torch.zeros(n, dtype=torch.bool)
-    eos = _eos_ids(model)
+    eos = set(eos_ids(model.generation_config.eos_token_id))
     for _ in range(segmenter.max_step_tokens):
         token = sample_from(sampler.probs(logits), generator)
         for row in range(n):
@@ -85,11 +86,6 @@ def sample_steps(model, tokenizer, prefix: str, segmenter: StepSegmenter, settin
         rows.append({"text": tokenizer.decode(step), "ids": step,
                      "emitting": h[row, :L].mean(0).half(), "tokens": h[row, 1 : L + 1].mean(0).half()})
     return rows
-
-
-def _eos_ids(model) -> set[int]:
-    eos = model.generation_config.eos_token_id
-    return set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
 
 
 def collect_samples(model, tokenizer, prefixes: Sequence[str], segmenter: StepSegmenter, settings: SampleSettings,
