@@ -31,10 +31,16 @@ class Method:
     rule_params: dict = field(default_factory=dict)
     k: int = 5
     drafter_params: dict = field(default_factory=dict)
+    decoder: str = "target"  # the model that decodes: "draft" runs the draft model alone, a reference point
 
     def __post_init__(self) -> None:
         if self.drafter not in DRAFTERS:
             raise ValueError(f"method {self.name!r}: unknown drafter {self.drafter!r}; use one of {', '.join(DRAFTERS)}")
+        if self.decoder not in ("target", "draft"):
+            raise ValueError(f"method {self.name!r}: decoder must be 'target' or 'draft', got {self.decoder!r}")
+        if self.decoder == "draft" and self.drafter != "none":
+            raise ValueError(f"method {self.name!r}: the draft model decodes alone, so it takes drafter 'none', "
+                             f"not {self.drafter!r}")
         if self.k < 1:
             raise ValueError(f"method {self.name!r}: k must be >= 1, got {self.k}")
         if self.drafter_params:
@@ -65,20 +71,26 @@ class Method:
 
     @property
     def lossless(self) -> bool:
-        return self.build_rule().lossless
+        """Does it keep the target's output distribution? The draft model alone does not."""
+        return self.decoder == "target" and self.build_rule().lossless
 
     @property
     def needs_draft_model(self) -> bool:
-        return self.drafter in ("model", "model_int8", "step")
+        return self.drafter in ("model", "model_int8", "step") or self.decoder == "draft"
 
     def to_dict(self) -> dict:
         spec = {"name": self.name, "drafter": self.drafter, "rule": self.rule, "rule_params": self.rule_params,
                 "k": self.k}
-        return {**spec, "drafter_params": self.drafter_params} if self.drafter_params else spec  # runs before it resume
+        if self.drafter_params:
+            spec["drafter_params"] = self.drafter_params
+        if self.decoder != "target":
+            spec["decoder"] = self.decoder
+        return spec  # optional keys only when set, so runs written before them still resume
 
 
 BUILTIN = {m.name: m for m in (
     Method("vanilla", "none"),
+    Method("draft_alone", "none", decoder="draft"),  # the draft model by itself: how good is what it proposes?
     Method("sd", "model"),
     Method("sd_int8", "model_int8"),
     Method("pld", "prompt_lookup", k=10),

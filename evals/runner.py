@@ -108,7 +108,7 @@ def compare(settings: RunSettings, methods: list[Method], out: str | Path) -> Pa
 
     target, tokenizer = load_model(settings.target, dtype=settings.dtype)
     drafts = {}
-    if any(m.drafter in ("model", "step") for m in methods):
+    if any(m.drafter in ("model", "step") or m.decoder == "draft" for m in methods):
         drafts["model"] = load_model(settings.draft, dtype=settings.dtype)[0]
     if any(m.drafter == "model_int8" for m in methods):
         drafts["model_int8"] = load_model(settings.draft, quantize="int8")[0]
@@ -160,7 +160,7 @@ def run_one(problem: Problem, method: Method, settings: RunSettings, target, tok
         kwargs["drafter"] = RetrievalDrafter(drafts["datastore"], **RETRIEVAL[method.drafter], **method.drafter_params)
     else:
         kwargs["assistant_model"] = drafts[method.drafter]
-    result = generate(target, ids, **kwargs)
+    result = generate(drafts["model"] if method.decoder == "draft" else target, ids, **kwargs)
     new = result.sequences[0, ids.shape[1]:]
     text = tokenizer.decode(new, skip_special_tokens=True)
     stats = result.spec_stats

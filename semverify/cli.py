@@ -49,8 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
     cmp = sub.add_parser("compare", help="run several methods on the same benchmark problems (resumable)")
     cmp.add_argument("--methods", default="vanilla,sd,pld,typical",
                      help="comma-separated built-in methods, each optionally name:key=value,... "
-                          "(built-ins: vanilla, sd, sd_int8, pld, typical, easd, rest, dresd, sense, sense_no_sen, "
-                          "sense_no_se, fly)")
+                          "(built-ins: vanilla, draft_alone, sd, sd_int8, pld, typical, easd, semanticspec, rest, dresd, "
+                          "sense, sense_no_sen, sense_no_se, fly)")
     cmp.add_argument("--config", default=None, help='JSON file {"methods": [{name, drafter, rule, rule_params, k}]}')
     cmp.add_argument("--target", default=DEFAULT_TARGET)
     cmp.add_argument("--draft", default=DEFAULT_DRAFT)

@@ -193,3 +193,27 @@ def test_two_process_shards_merge_to_the_single_process_rows(tiny_checkpoint, tm
     assert comparable(read_rows(sharded)) == comparable(read_rows(single))
     report(sharded)
     assert "4 problems" in (sharded / "report.md").read_text()
+
+
+def test_draft_alone_decodes_with_the_draft_model(tiny_checkpoint, tmp_path):
+    from tests.conftest import byte_tokenizer, tiny_model
+
+    other = tmp_path / "other-checkpoint"  # a different random model as the draft
+    tok = byte_tokenizer()
+    model = tiny_model(1, arch="llama", vocab=len(tok))
+    model.config.eos_token_id = model.generation_config.eos_token_id = tok.eos_token_id
+    model.save_pretrained(other)
+    tok.save_pretrained(other)
+    common = ["--data", "sample", "--limit", "2", "--max-new-tokens", "12", "--dtype", "float32", "--no-report"]
+    main(["compare", "--target", str(tiny_checkpoint), "--draft", str(other), "--methods", "vanilla,draft_alone",
+          "--out", str(tmp_path / "pair"), *common])
+    main(["compare", "--target", str(other), "--methods", "vanilla", "--out", str(tmp_path / "draft"), *common])
+    pair, alone = read_rows(tmp_path / "pair"), read_rows(tmp_path / "draft")
+    outputs = lambda rows, name: [r["output"] for r in sorted(rows, key=lambda r: r["id"]) if r["method"] == name]
+    assert outputs(pair, "draft_alone") == outputs(alone, "vanilla") != outputs(pair, "vanilla")
+    assert not BUILTIN["draft_alone"].lossless and BUILTIN["vanilla"].lossless
+    assert BUILTIN["draft_alone"].to_dict()["decoder"] == "draft" and "decoder" not in BUILTIN["vanilla"].to_dict()
+    with pytest.raises(ValueError, match="takes drafter 'none'"):
+        Method("x", "model", decoder="draft")
+    with pytest.raises(ValueError, match="decoder must be"):
+        Method("x", "none", decoder="both")
