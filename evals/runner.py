@@ -166,6 +166,7 @@ def run_one(problem: Problem, method: Method, settings: RunSettings, target, tok
     stats = result.spec_stats
     return {
         "id": problem.id, "method": method.name, "seed": seed, "gold": problem.answer, "output": text,
+        "output_ids": new.tolist(),
         "grades": grade(text, problem.answer), "new_tokens": len(new), "steps": stats.steps,
         "drafted": stats.drafted, "accepted": stats.accepted, "tau": stats.tau, "alpha": stats.alpha,
         "accept_lengths": stats.accept_lengths, "drafted_per_position": stats.drafted_per_position,

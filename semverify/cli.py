@@ -77,6 +77,14 @@ def build_parser() -> argparse.ArgumentParser:
                      help="comma-separated methods to run the paired McNemar test against (default: the reference)")
     rep.add_argument("--grader", default="math_verify", choices=["strict", "flexible", "math_verify"])
 
+    rpl = sub.add_parser("replay", help="tau of model-free drafters (pld, rest) on a greedy run's recorded outputs, "
+                                        "without the target: compare datastores and drafter settings in seconds")
+    rpl.add_argument("run_dir", help="a greedy `semverify compare` run folder")
+    rpl.add_argument("--methods", default="pld,rest", help="model-free methods, with parameters as in compare")
+    rpl.add_argument("--source", default="vanilla", help="the method whose outputs are replayed")
+    rpl.add_argument("--datastore", default=None, help="datastore file for rest (else context lookup only)")
+    rpl.add_argument("--json", action="store_true", help="print the results as JSON")
+
     cal = sub.add_parser("calibrate", help="entropy percentiles of a model by teacher forcing (for easd)")
     cal.add_argument("--model", required=True, help="alias, hub id, local folder or .gguf file")
     cal.add_argument("--data", default="auto", help="GSM8K train jsonl path, 'hub' or 'auto'")
@@ -134,6 +142,8 @@ def main(argv: list[str] | None = None) -> int:
         return _compare(args)
     if args.command == "calibrate":
         return _calibrate(args)
+    if args.command == "replay":
+        return _replay(args)
     if args.command == "datastore":
         return _datastore(args)
     if args.command == "probes":
@@ -176,6 +186,21 @@ def _compare(args: argparse.Namespace) -> int:
     out = compare(settings, methods, args.out)
     if not args.no_report and shard_info() == (0, 1):
         print(report(out))
+    return 0
+
+
+def _replay(args: argparse.Namespace) -> int:
+    from evals.methods import load_methods
+    from evals.replay import replay_run, replay_table
+
+    from .sense import Datastore
+
+    try:
+        store = Datastore.load(args.datastore) if args.datastore else None
+        results = replay_run(args.run_dir, load_methods(args.methods), store, args.source)
+    except (ValueError, FileNotFoundError) as err:
+        sys.exit(f"semverify replay: {err}")
+    print(json.dumps(results, indent=2) if args.json else replay_table(results))
     return 0
 
 

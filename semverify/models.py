@@ -140,18 +140,27 @@ def load_model(
     if quantize and torch.device(device).type != "cpu":
         raise ValueError("quantize='int8' uses PyTorch's CPU dynamic quantization; load on device='cpu'")
     dtype = torch.float32 if quantize else resolve_dtype(dtype)
-    name = str(name_or_path)
-    if name in OFFLINE_MODELS:
-        folder = converted_folder(OFFLINE_MODELS[name])
-    elif name.endswith(".gguf") and Path(name).is_file():
-        folder = converted_gguf(Path(name))
-    else:
-        folder = name
+    folder = model_folder(name_or_path)
     tokenizer = AutoTokenizer.from_pretrained(folder)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).to(device).eval()
     if quantize:
         model = _int8_dynamic(model)
     return model, tokenizer
+
+
+def load_tokenizer(name_or_path: str | os.PathLike) -> PreTrainedTokenizerBase:
+    """The tokenizer of a model named as :func:`load_model` takes it, without loading the weights."""
+    return AutoTokenizer.from_pretrained(model_folder(name_or_path))
+
+
+def model_folder(name_or_path: str | os.PathLike) -> str | Path:
+    """What ``from_pretrained`` reads for an alias (converted once), a ``.gguf`` file, a folder or a hub id."""
+    name = str(name_or_path)
+    if name in OFFLINE_MODELS:
+        return converted_folder(OFFLINE_MODELS[name])
+    if name.endswith(".gguf") and Path(name).is_file():
+        return converted_gguf(Path(name))
+    return name
 
 
 def _int8_dynamic(model: PreTrainedModel) -> PreTrainedModel:
