@@ -58,8 +58,15 @@ def test_suffix_matches_agree_with_brute_force(tiny_store):
         suffix = tokens[start : start + n]
         if SEPARATOR in suffix:
             continue
-        brute = sorted(i + n for i in range(len(tokens) - n + 1) if tokens[i : i + n] == suffix)
-        assert sorted(store.suffix_matches(suffix, 10_000).tolist()) == brute
+        brute = [i + n for i in range(len(tokens) - n + 1) if tokens[i : i + n] == suffix]
+        padded = tokens + [SEPARATOR] * 4
+        following = [tuple(padded[p : p + 4]) for p in brute]  # continuations are told apart by 4 tokens
+        found = store.suffix_matches(suffix, 10_000).tolist()
+        assert set(found) <= set(brute)
+        assert sorted(tuple(padded[p : p + 4]) for p in found) == sorted(set(following))  # one per continuation
+        counts = [following.count(tuple(padded[p : p + 4])) for p in found]
+        assert counts == sorted(counts, reverse=True)  # the most frequent first
+        assert found[:2] == store.suffix_matches(suffix, 2).tolist()
     assert store.suffix_matches([10**6], 5).size == 0 and store.suffix_matches([], 5).size == 0
 
 

@@ -16,7 +16,8 @@ class RetrievalDrafter:
     """Drafts up to ``num_candidates`` continuations (each at most k tokens) as one tree.
 
     - lexical (REST): the longest suffix of the context, up to ``max_ngram`` tokens, matched exactly
-      in the datastore corpus and in the context itself; score ``alpha * n / max_ngram``.
+      in the datastore corpus (its most frequent continuations first) and in the context itself;
+      score ``alpha * n / max_ngram``.
     - semantic (SEN, DReSD): cosine nearest neighbours of the target's hidden state at the last
       accepted position, among static keys and the keys of this generation's accepted positions (the
       dynamic store). The state predicted the token just emitted, so a neighbour is kept only if its
