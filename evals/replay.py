@@ -26,6 +26,7 @@ from semverify.sense import Datastore, RetrievalDrafter
 from semverify.tree import leaf_paths
 
 from .benchmarks import get_benchmark
+from .forward_cost import cost_at
 from .methods import RETRIEVAL, Method
 from .rows import read_rows
 
@@ -128,10 +129,25 @@ def replay_run(run_dir: str | Path, methods: list[Method], datastore: Datastore 
     return results
 
 
+def add_predicted_speedup(results: dict[str, dict], cost_file: str | Path) -> None:
+    """Add ``predicted_speedup`` = tau / the relative cost of a forward with that many draft tokens
+    (from ``python -m evals.forward_cost``); drafting time and loop overhead are left out."""
+    path = Path(cost_file)
+    if not path.is_file():
+        raise FileNotFoundError(f"cost file not found: {path} (make one with `python -m evals.forward_cost`)")
+    relative = json.loads(path.read_text())["relative"]
+    for r in results.values():
+        r["forward_cost"] = cost_at(relative, r["draft_per_step"])
+        r["predicted_speedup"] = r["tau"] / r["forward_cost"]
+
+
 def replay_table(results: dict[str, dict]) -> str:
-    """The replay results as a markdown table."""
-    lines = ["| method | problems | tau | median tau | draft tokens per step | alpha |", "|---|---|---|---|---|---|"]
+    """The replay results as a markdown table (with the predicted speedup when costs were added)."""
+    costed = all("predicted_speedup" in r for r in results.values())
+    head = "| method | problems | tau | median tau | draft tokens per step | alpha |"
+    lines = [head + (" forward cost | tau / cost |" if costed else ""), "|---" * (8 if costed else 6) + "|"]
     for name, r in results.items():
-        lines.append(f"| {name} | {r['problems']} | {r['tau']:.2f} | {r['median_tau']:.2f} | "
-                     f"{r['draft_per_step']:.1f} | {r['alpha']:.2f} |")
+        line = (f"| {name} | {r['problems']} | {r['tau']:.2f} | {r['median_tau']:.2f} | "
+                f"{r['draft_per_step']:.1f} | {r['alpha']:.2f} |")
+        lines.append(line + (f" {r['forward_cost']:.2f} | {r['predicted_speedup']:.2f}x |" if costed else ""))
     return "\n".join(lines)

@@ -83,6 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
     rpl.add_argument("--methods", default="pld,rest", help="model-free methods, with parameters as in compare")
     rpl.add_argument("--source", default="vanilla", help="the method whose outputs are replayed")
     rpl.add_argument("--datastore", default=None, help="datastore file for rest (else context lookup only)")
+    rpl.add_argument("--cost", default=None,
+                     help="cost.json from `python -m evals.forward_cost`: adds tau / forward cost, a speedup forecast")
     rpl.add_argument("--json", action="store_true", help="print the results as JSON")
 
     cal = sub.add_parser("calibrate", help="entropy percentiles of a model by teacher forcing (for easd)")
@@ -191,13 +193,15 @@ def _compare(args: argparse.Namespace) -> int:
 
 def _replay(args: argparse.Namespace) -> int:
     from evals.methods import load_methods
-    from evals.replay import replay_run, replay_table
+    from evals.replay import add_predicted_speedup, replay_run, replay_table
 
     from .sense import Datastore
 
     try:
         store = Datastore.load(args.datastore) if args.datastore else None
         results = replay_run(args.run_dir, load_methods(args.methods), store, args.source)
+        if args.cost:
+            add_predicted_speedup(results, args.cost)
     except (ValueError, FileNotFoundError) as err:
         sys.exit(f"semverify replay: {err}")
     print(json.dumps(results, indent=2) if args.json else replay_table(results))
