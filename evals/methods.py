@@ -2,7 +2,7 @@
 
 A method is written ``name`` or ``name:key=value,key=value`` on the command line (keys: ``k``, rule
 constructor arguments, and ``drafter.NAME`` for the drafter's own settings, e.g. a retrieval drafter's
-``drafter.max_nodes=24``), or given as JSON objects in a config file. A run's context (the model
+``drafter.max_nodes=24`` or its own ``drafter.datastore=FILE``), or given as JSON objects in a config file. A run's context (the model
 names and decoding temperature) fills the rule arguments that describe it, e.g. EASD's calibrations.
 """
 
@@ -47,7 +47,7 @@ class Method:
             if self.drafter not in RETRIEVAL:
                 raise ValueError(f"method {self.name!r}: drafter settings are taken by the retrieval drafters "
                                  f"({', '.join(RETRIEVAL)}), not {self.drafter!r}")
-            allowed = set(inspect.signature(RetrievalDrafter).parameters) - {"datastore", *RETRIEVAL[self.drafter]}
+            allowed = set(inspect.signature(RetrievalDrafter).parameters) - set(RETRIEVAL[self.drafter])
             unknown = sorted(set(self.drafter_params) - allowed)
             if unknown:
                 raise ValueError(f"method {self.name!r}: unknown drafter settings {', '.join(unknown)}; "
@@ -65,6 +65,10 @@ class Method:
             raise ValueError(f"method {self.name!r}: rule {self.rule!r} needs draft probabilities, which the "
                              f"{self.drafter!r} drafter cannot give; use drafter 'model'")
         return method
+
+    def datastore(self, default: str | None) -> str | None:
+        """The datastore file this method retrieves from: its own ``drafter.datastore``, else the run's."""
+        return self.drafter_params.get("datastore", default) if self.drafter in RETRIEVAL else None
 
     def build_rule(self):
         return get_rule(self.rule, **self.rule_params)

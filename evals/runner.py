@@ -112,8 +112,8 @@ def compare(settings: RunSettings, methods: list[Method], out: str | Path) -> Pa
         drafts["model"] = load_model(settings.draft, dtype=settings.dtype)[0]
     if any(m.drafter == "model_int8" for m in methods):
         drafts["model_int8"] = load_model(settings.draft, quantize="int8")[0]
-    if any(m.drafter in RETRIEVAL for m in methods):
-        drafts["datastore"] = load_datastore(settings.datastore, settings.target, target)
+    for path in {m.datastore(settings.datastore) for m in methods if m.drafter in RETRIEVAL}:
+        drafts[("datastore", path)] = load_datastore(path, settings.target, target)
 
     writer = RowWriter(out / f"rows.rank{rank}.jsonl")
     live: dict[str, list] = {}
@@ -157,7 +157,9 @@ def run_one(problem: Problem, method: Method, settings: RunSettings, target, tok
     elif method.drafter == "step":
         kwargs["drafter"] = StepDrafter(drafts["model"], StepSegmenter(tokenizer, max_step_tokens=method.k))
     elif method.drafter in RETRIEVAL:
-        kwargs["drafter"] = RetrievalDrafter(drafts["datastore"], **RETRIEVAL[method.drafter], **method.drafter_params)
+        params = {k: v for k, v in method.drafter_params.items() if k != "datastore"}
+        kwargs["drafter"] = RetrievalDrafter(drafts[("datastore", method.datastore(settings.datastore))],
+                                             **RETRIEVAL[method.drafter], **params)
     else:
         kwargs["assistant_model"] = drafts[method.drafter]
     result = generate(drafts["model"] if method.decoder == "draft" else target, ids, **kwargs)

@@ -66,7 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
     cmp.add_argument("--seed", type=int, default=0)
     cmp.add_argument("--dtype", default="bfloat16")
     cmp.add_argument("--datastore", default=None,
-                     help="datastore file for the retrieval methods (rest, dresd, sense, ...); see `semverify datastore`")
+                     help="datastore file for the retrieval methods (rest, dresd, sense, ...); see `semverify datastore`. "
+                          "A method may name its own: sense:drafter.datastore=FILE")
     cmp.add_argument("--out", required=True, help="run folder; rerun the same command to resume")
     cmp.add_argument("--no-report", action="store_true", help="skip writing the report at the end")
 
@@ -171,12 +172,14 @@ def _compare(args: argparse.Namespace) -> int:
     try:  # every input error surfaces here, before a model is loaded
         context = run_context(args.draft, args.target, args.do_sample, args.temperature)
         methods = load_methods(args.methods, args.config, context)
-        retrieval = [m.name for m in methods if m.drafter in RETRIEVAL]
-        if retrieval and not args.datastore:
-            raise ValueError(f"methods {', '.join(retrieval)} draft by retrieval and need --datastore FILE "
-                             "(build one with `semverify datastore`)")
-        if args.datastore and not Path(args.datastore).is_file():
-            raise FileNotFoundError(f"datastore not found: {args.datastore}")
+        retrieval = [m for m in methods if m.drafter in RETRIEVAL]
+        storeless = [m.name for m in retrieval if m.datastore(args.datastore) is None]
+        if storeless:
+            raise ValueError(f"methods {', '.join(storeless)} draft by retrieval and need --datastore FILE "
+                             "(build one with `semverify datastore`) or their own drafter.datastore=FILE")
+        for path in {args.datastore, *(m.datastore(args.datastore) for m in retrieval)} - {None}:
+            if not Path(path).is_file():
+                raise FileNotFoundError(f"datastore not found: {path}")
         get_benchmark(args.benchmark).load(args.data, args.limit)
     except (ValueError, FileNotFoundError) as err:
         sys.exit(f"semverify compare: {err}")

@@ -189,6 +189,19 @@ def test_datastore_cli_then_compare_with_sense_methods(tmp_path, tiny_checkpoint
         assert small["output"] == by[(i, "rest")]["output"] and small["drafted"] <= 2 * small["steps"]
     assert any(by[(i, "rest")]["drafted"] > 2 * by[(i, "rest")]["steps"] for i in range(2))
 
+    # a method's own datastore: the same rows as a run that gives that store to every method
+    common = ["compare", "--target", str(tiny_checkpoint), "--data", "sample", "--limit", "2", "--max-new-tokens",
+              "10", "--dtype", "float32", "--no-report"]
+    main([*common, "--methods", f"vanilla,rest:drafter.datastore={both}", "--datastore", str(store),
+          "--out", str(tmp_path / "own")])
+    main([*common, "--methods", "rest", "--datastore", str(both), "--out", str(tmp_path / "global")])
+    own = {r["id"]: r for r in map(json.loads, (tmp_path / "own" / "rows.rank0.jsonl").open()) if r["method"] != "vanilla"}
+    whole = {r["id"]: r for r in map(json.loads, (tmp_path / "global" / "rows.rank0.jsonl").open())}
+    for i in range(2):
+        assert own[i]["output"] == by[(i, "vanilla")]["output"]
+        assert (own[i]["drafted"], own[i]["accepted_per_position"]) == (whole[i]["drafted"],
+                                                                        whole[i]["accepted_per_position"])
+
 
 def test_id_answers_are_the_greedy_outputs_and_resume(tiny_store, tmp_path):
     from semverify.sense import generate_answers
@@ -224,6 +237,10 @@ def test_retrieval_methods_need_a_datastore_before_models_load(tmp_path):
         main(["compare", "--target", "/no/such/model", "--methods", "rest", "--datastore", str(tmp_path / "x.pt"),
               "--out", str(tmp_path / "r")])
     assert "datastore not found" in str(info.value)
+    with pytest.raises(SystemExit) as info:  # a method's own store stands in for --datastore, and is checked
+        main(["compare", "--target", "/no/such/model", "--methods", f"sense:drafter.datastore={tmp_path / 'y.pt'}",
+              "--out", str(tmp_path / "r")])
+    assert "datastore not found" in str(info.value) and "y.pt" in str(info.value)
 
 
 def test_tree_size_is_bounded(tiny_store):
