@@ -17,6 +17,7 @@ import statistics
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 from tqdm.auto import tqdm
 
@@ -58,14 +59,10 @@ def forward_seconds(model, context: torch.LongTensor, sizes: tuple[int, ...], re
 
 
 def cost_at(costs: dict[int, float] | dict[str, float], n: float) -> float:
-    """The relative cost of a forward with ``n`` draft tokens, linearly interpolated between sizes."""
-    points = sorted((int(k), v) for k, v in costs.items())
-    if n <= points[0][0]:
-        return points[0][1]
-    for (n0, c0), (n1, c1) in zip(points, points[1:]):
-        if n <= n1:
-            return c0 + (c1 - c0) * (n - n0) / (n1 - n0)
-    return points[-1][1]
+    """The relative cost of a forward with ``n`` draft tokens, linearly interpolated between sizes
+    (held at the end values outside them)."""
+    sizes = sorted(costs, key=int)
+    return float(np.interp(n, [int(k) for k in sizes], [costs[k] for k in sizes]))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -70,6 +70,11 @@ class Method:
         """The datastore file this method retrieves from: its own ``drafter.datastore``, else the run's."""
         return self.drafter_params.get("datastore", default) if self.drafter in RETRIEVAL else None
 
+    @property
+    def drafter_settings(self) -> dict:
+        """The drafter's constructor settings: ``drafter_params`` without the datastore file."""
+        return {k: v for k, v in self.drafter_params.items() if k != "datastore"}
+
     def build_rule(self):
         return get_rule(self.rule, **self.rule_params)
 

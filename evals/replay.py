@@ -84,10 +84,9 @@ def model_free_drafter(method: Method, datastore: Datastore | None, eos_token_id
     if method.drafter == "prompt_lookup":
         return PromptLookupDrafter(eos_token_id=eos_token_id)
     if method.drafter == "rest":
-        params = {k: v for k, v in method.drafter_params.items() if k != "datastore"}
         if "datastore" in method.drafter_params:
             datastore = Datastore.load(method.drafter_params["datastore"])
-        return RetrievalDrafter(datastore, **RETRIEVAL["rest"], **params)
+        return RetrievalDrafter(datastore, **RETRIEVAL["rest"], **method.drafter_settings)
     if method.drafter in RETRIEVAL:
         raise ValueError(f"method {method.name!r}: semantic retrieval needs the target's hidden states; "
                          "replay takes model-free drafters (pld, rest)")

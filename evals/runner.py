@@ -157,9 +157,8 @@ def run_one(problem: Problem, method: Method, settings: RunSettings, target, tok
     elif method.drafter == "step":
         kwargs["drafter"] = StepDrafter(drafts["model"], StepSegmenter(tokenizer, max_step_tokens=method.k))
     elif method.drafter in RETRIEVAL:
-        params = {k: v for k, v in method.drafter_params.items() if k != "datastore"}
         kwargs["drafter"] = RetrievalDrafter(drafts[("datastore", method.datastore(settings.datastore))],
-                                             **RETRIEVAL[method.drafter], **params)
+                                             **RETRIEVAL[method.drafter], **method.drafter_settings)
     else:
         kwargs["assistant_model"] = drafts[method.drafter]
     result = generate(drafts["model"] if method.decoder == "draft" else target, ids, **kwargs)

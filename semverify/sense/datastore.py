@@ -43,8 +43,7 @@ class Datastore:
     meta: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self._sorted: np.ndarray | None = None
-        self._padded: np.ndarray | None = None
+        self._sorted: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
         self.index = None  # an optional FAISS index over ``keys`` (see build_faiss_index)
 
     def build_faiss_index(self, nlist: int = 1024, pq_m: int = 32, nprobe: int = 32, seed: int = 0):
@@ -109,7 +108,7 @@ class Datastore:
         """
         if not suffix or len(suffix) > self._window:
             return np.empty(0, dtype=np.int64)
-        order, rows = self._suffix_index()
+        order, rows, padded = self._suffix_index()
         probe = np.asarray(suffix, dtype=np.int64)
         lo, hi = 0, len(order)
         for j, tok in enumerate(probe):  # narrow the sorted range one column at a time
@@ -118,27 +117,21 @@ class Datastore:
             if lo >= hi:
                 return np.empty(0, dtype=np.int64)
         after = np.sort(order[lo:hi]) + len(probe)
-        following = self._padded_tokens()[after[:, None] + np.arange(self._rank_tokens)]
+        following = padded[after[:, None] + np.arange(self._rank_tokens)]
         _, first, counts = np.unique(following, axis=0, return_index=True, return_counts=True)
         return after[first[np.lexsort((first, -counts))[:limit]]]  # ties: the earliest in the corpus
 
-    _rank_tokens = 4  # continuations are told apart, and counted, by this many next tokens
+    _rank_tokens = 4  # continuations are told apart, and counted, by this many next tokens (<= _window)
     _window = 8  # longest suffix the exact lookup matches
 
-    def _padded_tokens(self) -> np.ndarray:
-        """The corpus tokens with SEPARATOR padding, so a continuation can be read past the end."""
-        if self._padded is None:
-            self._padded = np.concatenate([self.tokens.astype(np.int64),
-                                           np.full(self._rank_tokens, SEPARATOR, dtype=np.int64)])
-        return self._padded
-
-    def _suffix_index(self) -> tuple[np.ndarray, np.ndarray]:
-        """Corpus start positions sorted by their next ``_window`` tokens, and those token rows."""
+    def _suffix_index(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Corpus start positions sorted by their next ``_window`` tokens, those token rows, and the
+        corpus tokens padded with ``_window`` SEPARATORs (a continuation can be read past the end)."""
         if self._sorted is None:
             t = np.concatenate([self.tokens.astype(np.int64), np.full(self._window, SEPARATOR, dtype=np.int64)])
             rows = np.lib.stride_tricks.sliding_window_view(t, self._window)[: len(self.tokens)]
             order = np.lexsort(rows.T[::-1])
-            self._sorted = (order, rows[order])
+            self._sorted = (order, rows[order], t)
         return self._sorted
 
     def check_model(self, model_name: str | None, hidden_size: int) -> None:
