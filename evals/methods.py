@@ -135,16 +135,16 @@ def parse_method(text: str, context: dict | None = None) -> Method:
     return base.in_context(context)
 
 
-def load_methods(spec: str | None = None, config: str | Path | None = None,
+def load_methods(spec: str | None = None, config: str | Path | list[str | Path] | None = None,
                  context: dict | None = None) -> list[Method]:
-    """Methods from a comma-separated list and/or a JSON config ``{"methods": [{name, drafter, rule, ...}]}``.
+    """Methods from a comma-separated list and/or JSON configs ``{"methods": [{name, drafter, rule, ...}]}``
+    (one path or several, read in order, so a run can combine a shared set with its own extras).
 
     ``context``: rule arguments the run determines (``draft_calibration``, ``target_calibration``,
     ``temperature``), given to the rules whose factories take them.
     """
     methods = [parse_method(t, context) for t in _split(spec)] if spec else []
-    if config:
-        path = Path(config)
+    for path in map(Path, [config] if isinstance(config, (str, Path)) else config or []):
         if not path.is_file():
             raise FileNotFoundError(f"method config not found: {path}")
         methods += [Method(**m).in_context(context) for m in json.loads(path.read_text())["methods"]]

@@ -51,7 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="comma-separated built-in methods, each optionally name:key=value,... "
                           "(built-ins: vanilla, draft_alone, sd, sd_int8, pld, typical, easd, semanticspec, rest, dresd, "
                           "sense, sense_no_sen, sense_no_se, fly)")
-    cmp.add_argument("--config", default=None, help='JSON file {"methods": [{name, drafter, rule, rule_params, k}]}')
+    cmp.add_argument("--config", action="append", default=None,
+                     help='JSON file {"methods": [{name, drafter, rule, rule_params, k}]}; repeat to combine files')
     cmp.add_argument("--target", default=DEFAULT_TARGET)
     cmp.add_argument("--draft", default=DEFAULT_DRAFT)
     cmp.add_argument("--benchmark", default="gsm8k")

@@ -48,6 +48,16 @@ def test_method_parsing_and_errors():
         load_methods("sd,sd")
 
 
+def test_method_configs_combine_in_order():
+    configs = [REPO / "evals/configs/gsm8k-sense.json", REPO / "evals/configs/gsm8k-sense-id.json"]
+    methods = load_methods("vanilla", configs[1:])
+    assert [m.name for m in methods] == ["vanilla", "rest_id", "sense_id"]
+    names = [m.name for m in load_methods(None, configs)]
+    assert names[:6] == ["vanilla", "pld", "rest", "sense_no_sen", "sense_no_se", "sense"] and names[6:] == [
+        "rest_id", "sense_id"]
+    assert load_methods(None, str(configs[1])) == methods[1:]  # one path alone, as a string
+
+
 def test_drafter_settings_go_to_the_retrieval_drafter_only():
     m = parse_method("sense:drafter.max_nodes=24,drafter.num_candidates=4,theta_e=0.1")
     assert m.drafter_params == {"max_nodes": 24, "num_candidates": 4} and m.rule_params == {"theta_e": 0.1}
