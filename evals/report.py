@@ -142,10 +142,14 @@ def markdown(summary: dict) -> str:
     s = run["settings"]
     decoding = (f"sampling T={s['temperature']} top_k={s['top_k']} top_p={s['top_p']}" if s["do_sample"]
                 else "greedy")
+    draft = (f"draft `{s['draft']}`" if any(Method(**m).needs_draft_model for m in run["methods"])
+             else "no draft model")
+    if s.get("datastore"):
+        draft += f", datastore `{s['datastore']}`"
     lines = [
         f"# {s['benchmark']} comparison: {summary['problems']} problems",
         "",
-        f"- target `{s['target']}`, draft `{s['draft']}`, {s['dtype']}, {decoding}, seed {s['seed']}, "
+        f"- target `{s['target']}`, {draft}, {s['dtype']}, {decoding}, seed {s['seed']}, "
         f"max {s['max_new_tokens']} new tokens, template `{s['template']}`, data `{s['data']}`",
         f"- machine: {env.get('cpu', '?')}, {env.get('torch_threads', '?')} threads, torch {env.get('torch', '?')}, "
         f"transformers {env.get('transformers', '?')}; run started {env.get('date', '?')}",

@@ -137,6 +137,7 @@ def test_compare_report_and_resume_after_kill(tiny_checkpoint, tmp_path):
     assert len(expected) == 4 * 4
     text = (clean / "report.md").read_text()
     assert "| vanilla | yes |" in text and "| typical | no |" in text
+    assert f"target `{tiny_checkpoint}`, draft `{tiny_checkpoint}`, float32, greedy" in text
     assert (clean / "accuracy_vs_speedup.png").stat().st_size > 0
     assert (clean / "acceptance_by_position.png").stat().st_size > 0
     summary = json.loads((clean / "summary.json").read_text())

@@ -159,6 +159,7 @@ def test_drafter_parameter_errors(tiny_store):
 def test_datastore_cli_then_compare_with_sense_methods(tmp_path, tiny_checkpoint):
     import json
 
+    from evals.report import report
     from semverify.cli import main
 
     problems = [{"question": f"What is {a} + {a}?", "answer": f"{a} + {a} = {2 * a}.\n#### {2 * a}"} for a in range(6)]
@@ -201,6 +202,8 @@ def test_datastore_cli_then_compare_with_sense_methods(tmp_path, tiny_checkpoint
         assert own[i]["output"] == by[(i, "vanilla")]["output"]
         assert (own[i]["drafted"], own[i]["accepted_per_position"]) == (whole[i]["drafted"],
                                                                         whole[i]["accepted_per_position"])
+    header = report(tmp_path / "own").splitlines()[2]  # a run without a draft model does not name one
+    assert f"target `{tiny_checkpoint}`, no draft model, datastore `{store}`," in header
 
 
 def test_id_answers_are_the_greedy_outputs_and_resume(tiny_store, tmp_path):
