@@ -80,8 +80,8 @@ class DeferredWindow:
     at least ``entropy_threshold`` and the next ``window - 1`` drafted tokens all match exactly.
 
     The top-3 entropy is -sum over the three likeliest tokens of p log p (full-softmax p), as in FLy's
-    code. ``window=0`` (or a threshold above log 3 / e... any value no top-3 entropy reaches) gives
-    exact greedy matching.
+    code. ``window=0``, or a threshold above log 3 (the most a top-3 entropy can reach), gives exact
+    greedy matching.
     """
 
     name = "fly"
