@@ -15,15 +15,9 @@ import transformers
 
 def environment(**settings) -> dict:
     """Machine, library versions, date and the given run settings as a JSON-ready dict."""
-    cpu = platform.processor()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
     return {
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "cpu": cpu,
+        "cpu": cpu_name(),
         "cores": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "python": sys.version.split()[0],
@@ -33,6 +27,16 @@ def environment(**settings) -> dict:
         "code": code_version(),
         **settings,
     }
+
+
+def cpu_name() -> str:
+    """The processor's model name; every result row carries it, so a run resumed on another machine
+    never divides timings taken on two machines."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or "unknown"
 
 
 def code_version() -> str | None:

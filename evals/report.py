@@ -55,7 +55,9 @@ def summarise(run_dir: str | Path, reference: str = "vanilla", grader: str = "ma
         rs = [by[(i, m.name)] for i in ids]
         steps = sum(r["steps"] for r in rs)
         drafted = sum(r["drafted"] for r in rs)
-        ratios = [by[(i, m.name)]["tok_s"] / by[(i, reference)]["tok_s"] for i in ids]
+        # a timing ratio only within one machine (rows of a run resumed elsewhere are left out)
+        timed = [i for i in ids if by[(i, m.name)].get("machine") == by[(i, reference)].get("machine")]
+        ratios = [by[(i, m.name)]["tok_s"] / by[(i, reference)]["tok_s"] for i in timed]
         entry = {
             "lossless": m.lossless, "problems": len(rs),
             "accuracy": {g: _accuracy([r["grades"][g] for r in rs]) for g in GRADERS},
@@ -63,6 +65,7 @@ def summarise(run_dir: str | Path, reference: str = "vanilla", grader: str = "ma
             "alpha": sum(r["accepted"] for r in rs) / drafted if drafted else None,
             "tok_s_median": statistics.median(r["tok_s"] for r in rs) if rs else 0.0,
             "speedup_median": statistics.median(ratios) if ratios else 0.0,
+            "speedup_problems": len(timed),
             "wall_s": sum(r["total_time"] for r in rs),
             "acceptance_by_position": _by_position(rs),
             "reasons": _sum_reasons(rs),
@@ -151,7 +154,7 @@ def markdown(summary: dict) -> str:
         "",
         f"- target `{s['target']}`, {draft}, {s['dtype']}, {decoding}, seed {s['seed']}, "
         f"max {s['max_new_tokens']} new tokens, template `{s['template']}`, data `{s['data']}`",
-        f"- machine: {env.get('cpu', '?')}, {env.get('torch_threads', '?')} threads, torch {env.get('torch', '?')}, "
+        f"- machine: {_machines(run)}, {env.get('torch_threads', '?')} threads, torch {env.get('torch', '?')}, "
         f"transformers {env.get('transformers', '?')}; run started {env.get('date', '?')}",
         f"- accuracy with 95% Wilson intervals; speedup = median per-problem tokens/s ratio vs "
         f"`{summary['reference']}`; p = exact McNemar test (paired, two-sided) on {summary['grader']}",
@@ -167,7 +170,17 @@ def markdown(summary: dict) -> str:
         lines.append(f"| {name} | {'yes' if m['lossless'] else 'no'} | {' | '.join(accs)} | {m['tau']:.2f} | "
                      f"{alpha} | {m['tok_s_median']:.2f} | {m['speedup_median']:.2f}x | {m['wall_s']:.0f} | "
                      + " | ".join(ps) + " |")
-    return "\n".join(lines + _identical(summary) + _rule_events(summary)) + "\n"
+    partial = [f"- speedup of `{name}` over {m['speedup_problems']} of {summary['problems']} problems: on the "
+               f"others its row and `{summary['reference']}`'s ran on different machines"
+               for name, m in summary["methods"].items() if m.get("speedup_problems", summary["problems"]) < summary["problems"]]
+    return "\n".join(lines + ([""] + partial if partial else []) + _identical(summary) + _rule_events(summary)) + "\n"
+
+
+def _machines(run: dict) -> str:
+    """The machine that started the run, and any others that added methods or resumed it."""
+    envs = [run.get("environment", {}), *(a["environment"] for a in run.get("added", [])), *run.get("resumed", [])]
+    cpus = list(dict.fromkeys(e.get("cpu", "?") for e in envs))
+    return cpus[0] + (f" (resumed on {', '.join(cpus[1:])})" if len(cpus) > 1 else "")
 
 
 def _identical(summary: dict) -> list[str]:

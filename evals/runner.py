@@ -21,7 +21,7 @@ from semverify.semanticspec import StepDrafter, StepSegmenter
 from semverify.sense import Datastore, RetrievalDrafter
 
 from .benchmarks import Problem, get_benchmark
-from .env import environment
+from .env import cpu_name, environment
 from .grading import grade
 from .methods import RETRIEVAL, Method
 from .rows import RowWriter, read_rows
@@ -174,5 +174,5 @@ def run_one(problem: Problem, method: Method, settings: RunSettings, target, tok
         "accepted_per_position": stats.accepted_per_position, "reasons": dict(stats.reasons),
         "reasons_per_position": stats.reasons_per_position, "scores": stats.scores,
         "draft_time": stats.draft_time, "verify_time": stats.verify_time, "total_time": stats.total_time,
-        "tok_s": stats.tokens_per_second,
+        "tok_s": stats.tokens_per_second, "machine": cpu_name(),
     }

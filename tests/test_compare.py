@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from evals.env import cpu_name
 from evals.methods import BUILTIN, Method, load_methods, parse_method
 from evals.report import mcnemar, report, summarise, wilson
 from evals.rows import RowWriter, read_rows
@@ -135,6 +136,7 @@ def test_compare_report_and_resume_after_kill(tiny_checkpoint, tmp_path):
     main(compare_args(tiny_checkpoint, clean))
     expected = comparable(read_rows(clean))
     assert len(expected) == 4 * 4
+    assert {r["machine"] for r in read_rows(clean)} == {cpu_name()}  # timings are compared within one machine
     text = (clean / "report.md").read_text()
     assert "| vanilla | yes |" in text and "| typical | no |" in text
     assert f"target `{tiny_checkpoint}`, draft `{tiny_checkpoint}`, float32, greedy" in text
@@ -228,3 +230,30 @@ def test_draft_alone_decodes_with_the_draft_model(tiny_checkpoint, tmp_path):
         Method("x", "model", decoder="draft")
     with pytest.raises(ValueError, match="decoder must be"):
         Method("x", "none", decoder="both")
+
+
+def test_speedups_compare_rows_of_one_machine_only(tmp_path):
+    def row(i, method, tok_s, machine):
+        return {"id": i, "method": method, "output": "x", "grades": {"strict": False, "flexible": True,
+                "math_verify": True}, "new_tokens": 10, "steps": 10, "drafted": 0, "accepted": 0,
+                "drafted_per_position": [], "accepted_per_position": [], "reasons": {}, "scores": {},
+                "total_time": 1.0, "tok_s": tok_s, "machine": machine}
+
+    env = {"cpu": "slow cpu", "torch_threads": 2, "date": "d"}
+    settings = {"target": "t", "draft": "d", "dtype": "float32", "benchmark": "gsm8k", "data": "sample",
+                "template": "chat", "max_new_tokens": 8, "do_sample": False, "temperature": 1.0, "top_k": None,
+                "top_p": None, "seed": 0}
+    (tmp_path / "run.json").write_text(json.dumps({
+        "settings": settings, "environment": env, "resumed": [{**env, "cpu": "fast cpu"}],
+        "methods": [BUILTIN["vanilla"].to_dict(), BUILTIN["draft_alone"].to_dict()]}))
+    writer = RowWriter(tmp_path / "rows.rank0.jsonl")
+    for i in range(3):  # problem 2's draft_alone row was written after a resume on a faster machine
+        writer.write(row(i, "vanilla", 4.0, "slow cpu"))
+        writer.write(row(i, "draft_alone", 40.0 if i == 2 else 8.0, "fast cpu" if i == 2 else "slow cpu"))
+    writer.close()
+    summary = summarise(tmp_path)
+    alone = summary["methods"]["draft_alone"]
+    assert alone["speedup_median"] == 2.0 and alone["speedup_problems"] == 2 and alone["accuracy"]["strict"]["n"] == 3
+    text = report(tmp_path)
+    assert "machine: slow cpu (resumed on fast cpu)" in text
+    assert "speedup of `draft_alone` over 2 of 3 problems" in text and "speedup of `vanilla`" not in text
