@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import asdict
 import json
 import shlex
 import sys
@@ -113,19 +114,25 @@ def build_parser() -> argparse.ArgumentParser:
     ds.add_argument("--dtype", default="bfloat16", help="use the dtype you will decode with")
     ds.add_argument("--out", required=True, help="datastore file (.pt); states go to OUT.parts/ so a rerun resumes")
 
-    pr = sub.add_parser("probes", help="sample, cluster and train a SemanticSpec probe for one model (resumable)")
-    pr.add_argument("--model", required=True, help="the model the probe reads (draft or target)")
-    pr.add_argument("--role", required=True, choices=["draft", "target"],
-                    help="draft: features of the states that emitted a step; target: states at the step's tokens")
+    pr = sub.add_parser("probes", help="draw, label and train a matched pair of SemanticSpec probes (resumable)")
+    pr.add_argument("--target", default=DEFAULT_TARGET, help="the target model (alias, hub id, folder or .gguf)")
+    pr.add_argument("--draft", default=DEFAULT_DRAFT, help="the draft model")
     pr.add_argument("--data", default="auto", help="GSM8K train jsonl path, 'hub' or 'auto'")
-    pr.add_argument("--texts", type=int, default=60, help="train solutions to cut into prefixes (default 60)")
-    pr.add_argument("--per-text", type=int, default=3, help="prefixes per solution (default 3)")
-    pr.add_argument("--samples", type=int, default=8, help="continuations per prefix (authors: 20)")
+    pr.add_argument("--problems", type=int, default=100,
+                    help="train problems the models answer; even ones by the target, odd ones by the draft")
+    pr.add_argument("--per-answer", type=int, default=3, help="prefixes cut from each answer at step ends")
+    pr.add_argument("--samples", type=int, default=8, help="one-step samples per model and prefix (authors: 20)")
+    pr.add_argument("--temperature", type=float, default=0.7, help="sampling temperature (that of the runs served)")
     pr.add_argument("--max-step-tokens", type=int, default=128)
-    pr.add_argument("--threshold", type=float, default=0.85, help="cosine at which two steps mean the same")
+    pr.add_argument("--threshold", type=float, default=0.85, help="embedding cosine at which two steps mean the same")
+    pr.add_argument("--ignore-numbers", action="store_true",
+                    help="let steps with different results share a meaning (the embedding alone decides)")
     pr.add_argument("--dtype", default="bfloat16")
-    pr.add_argument("--work", required=True, help="folder for samples; rerun the same command to resume")
-    pr.add_argument("--out", default=None, help="probe file (default: the semverify cache, found by model name)")
+    pr.add_argument("--answer-batch", type=int, default=8, help="answers generated per batch")
+    pr.add_argument("--work", required=True, help="folder for answers and samples; rerun the same command to resume")
+    pr.add_argument("--out-dir", default=None,
+                    help="where the two probes go (default: the semverify cache, found by model name)")
+    pr.add_argument("--sample-only", action="store_true", help="draw the samples, do not label or train")
 
     sub.add_parser("rules", help="list the registered acceptance rules")
     sub.add_parser("models", help="list the offline model aliases")
@@ -226,25 +233,38 @@ def _model_and_train_answers(args: argparse.Namespace, limit: int):
 
 
 def _probes(args: argparse.Namespace) -> int:
-    from .models import cache_root, model_key
-    from .semanticspec import StepSegmenter
-    from .semanticspec import pipeline as pl
+    from evals.benchmarks import get_benchmark
 
-    model, tokenizer, examples = _model_and_train_answers(args, args.texts)
-    segmenter = StepSegmenter(tokenizer, max_step_tokens=args.max_step_tokens)
-    # GSM8K reference answers break lines with single newlines: cut prefixes there
-    prefixes = pl.step_prefixes(examples, StepSegmenter(tokenizer, stops=("\n",)), args.per_text)
-    settings = pl.SampleSettings(samples=args.samples)
-    pl.collect_samples(model, tokenizer, prefixes, segmenter, settings, args.work)
-    feature = "emitting" if args.role == "draft" else "tokens"
-    x, y, groups = pl.label_samples(args.work, pl.embedding_judge(args.threshold), feature)
-    probe, metrics = pl.train_probe(x, y, groups, model_name=args.model)
-    probe.meta.update({"role": args.role, "feature": feature, "texts": args.texts, "per_text": args.per_text,
-                       "settings": vars(settings), "threshold": args.threshold, "dtype": args.dtype,
-                       "max_step_tokens": args.max_step_tokens, "command": args.command_line})
-    path = probe.save(args.out or cache_root() / "probes" / f"{model_key(args.model)}.pt")
-    pl.write_report(args.work, {"probe": str(path), **probe.meta})
-    print(json.dumps({"probe": str(path), "label_mean": float(y.mean()), **metrics}, indent=2))
+    from .models import cache_root, load_model, model_key
+    from .semanticspec import judges, labelling, training
+
+    settings = labelling.LabelSettings(samples=args.samples, temperature=args.temperature,
+                                       max_step_tokens=args.max_step_tokens, per_answer=args.per_answer)
+    target, tokenizer = load_model(args.target, dtype=args.dtype)
+    draft, _ = load_model(args.draft, dtype=args.dtype)
+    try:
+        bench = get_benchmark("gsm8k")
+        prompts = [bench.prompt(tokenizer, p) for p in bench.load(args.data, args.problems, split="train")]
+        labelling.collect(target, draft, tokenizer, prompts, args.work, settings, args.answer_batch)
+    except (FileNotFoundError, ValueError) as err:
+        sys.exit(f"semverify probes: {err}")
+    if args.sample_only:
+        return 0
+    judge = judges.meaning_judge(args.threshold, require_numbers=not args.ignore_numbers)
+    data = training.label_samples(args.work, judge)
+    draft_probe, target_probe, report = training.train_pair(data, args.draft, args.target)
+    meta = {"judge": judge.__name__, "settings": asdict(settings),
+            "dtype": args.dtype, "command": args.command_line, "problems": args.problems}
+    out = Path(args.out_dir) if args.out_dir else cache_root() / "probes"
+    paths = {}
+    for probe, model in ((draft_probe, args.draft), (target_probe, args.target)):
+        probe.meta.update(meta)
+        paths[probe.meta["role"]] = str(probe.save(out / f"{model_key(model)}.pt"))
+    report.update(probes=paths, **meta)
+    (Path(args.work) / "probe_report.json").write_text(json.dumps(report, indent=2))
+    print(json.dumps({"probes": paths, "pair": report["pair"], "held_out": report["test_draft_steps"],
+                      "target_test": report["target_on_draft_steps"]["test"], "draft_test": report["draft"]["test"]},
+                     indent=2))
     return 0
 
 
@@ -257,8 +277,8 @@ def _datastore(args: argparse.Namespace) -> int:
         texts.append(f"the first {len(examples)} reference solutions (OOD)")
     if args.corpus in ("id", "both"):
         answers = args.answers or f"{args.out}.answers.jsonl"
-        own = generate_answers(model, tokenizer, [p for p, _ in examples], answers, args.batch_size,
-                               args.max_new_tokens)
+        own = [(a.prompt, a.text) for a in generate_answers(model, tokenizer, [p for p, _ in examples], answers,
+                                                             args.batch_size, args.max_new_tokens, desc="ID answers")]
         examples = (examples if args.corpus == "both" else []) + own
         texts.append(f"the target's greedy answers to the first {len(own)} problems, max {args.max_new_tokens} "
                      f"new tokens (ID, {answers})")

@@ -213,10 +213,11 @@ def test_id_answers_are_the_greedy_outputs_and_resume(tiny_store, tmp_path):
     prompts = [f"Question {i}: " + "?" * 3 * i for i in range(3)]  # lengths differ: left padding
     path = tmp_path / "answers.jsonl"
     first = generate_answers(model, tok, prompts[:2], path, batch_size=2, max_new_tokens=6, progress=False)
-    for prompt, answer in first:  # batched left-padded generation gives each prompt's own greedy answer
-        ids = tok(prompt, return_tensors="pt", add_special_tokens=False).input_ids
+    for answer in first:  # batched left-padded generation gives each prompt's own greedy answer
+        ids = tok(answer.prompt, return_tensors="pt", add_special_tokens=False).input_ids
         alone = model.generate(ids, do_sample=False, max_new_tokens=6)
-        assert answer == tok.decode(alone[0, ids.shape[1]:], skip_special_tokens=True).strip()
+        assert answer.text == tok.decode(alone[0, ids.shape[1]:], skip_special_tokens=True).strip()
+        assert list(answer.ids) == alone[0, ids.shape[1]:].tolist()
     path.write_text(path.read_text() + '{"index": 2, "prom')  # a line cut off by a crash
     again = generate_answers(model, tok, prompts, path, batch_size=2, max_new_tokens=6, progress=False)
     assert again[:2] == first and len(again) == 3

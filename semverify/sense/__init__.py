@@ -1,7 +1,7 @@
 """SENSE: retrieval drafting on the target's hidden states, loose-trie tree drafts, soft-gated evaluation."""
 
 from ..rules import register_rule
-from .corpus import generate_answers
+from ..answers import generate_answers
 from .datastore import Datastore, DatastoreError, build_datastore, collect_states, describe, timed_build
 from .drafter import RetrievalDrafter
 from .gate import DeferredWindow, SoftGate, isolated_mismatch
