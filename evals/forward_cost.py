@@ -6,12 +6,11 @@ loop's own 4-D mask, relative to n = 0 (one token: plain decoding). Together wit
 (tau and draft tokens per step of a drafter), ``tau / cost(draft tokens)`` predicts a speedup before
 any timed run. Medians of interleaved repeats, saved with the environment.
 
-    python -m evals.forward_cost --out results/forward-cost
+    semverify forward-cost --out results/forward-cost
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import time
@@ -23,7 +22,6 @@ from tqdm.auto import tqdm
 
 from semverify import load_model
 from semverify.cache import keep_first, new_cache
-from semverify.models import DEFAULT_TARGET
 from semverify.tree import tree_attention_mask, tree_position_ids
 
 from .benchmarks import GSM8K
@@ -52,7 +50,8 @@ def forward_seconds(model, context: torch.LongTensor, sizes: tuple[int, ...], re
             mask = tree_attention_mask(parents, past, 1, model.dtype)
             positions = tree_position_ids(parents, past, 1)
             start = time.perf_counter()
-            model(tokens, cache=cache, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=n + 1)
+            model(tokens, cache=cache, attention_mask=mask, position_ids=positions, use_cache=True,
+                  logits_to_keep=n + 1)
             times[n].append(time.perf_counter() - start)
             keep_first(cache, past)
     return {n: statistics.median(t[1:]) for n, t in times.items()}  # the first round warms up
@@ -65,17 +64,9 @@ def cost_at(costs: dict[int, float] | dict[str, float], n: float) -> float:
     return float(np.interp(n, [int(k) for k in sizes], [costs[k] for k in sizes]))
 
 
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--target", default=DEFAULT_TARGET)
-    p.add_argument("--dtype", default="bfloat16")
-    p.add_argument("--context", type=int, default=300, help="cached tokens before the draft (prompt + answer)")
-    p.add_argument("--sizes", default=",".join(map(str, SIZES)), help="draft token counts to time")
-    p.add_argument("--repeats", type=int, default=7)
-    p.add_argument("--out", default="results/forward-cost")
-    args = p.parse_args(argv)
+def run_forward_cost(args) -> str:
+    """Time the forwards for the parsed ``semverify forward-cost`` arguments; returns the Markdown table."""
     sizes = tuple(sorted({0, *(int(s) for s in args.sizes.split(","))}))
-
     model, tokenizer = load_model(args.target, dtype=args.dtype)
     problem = GSM8K().load("auto", 1)[0]
     text = GSM8K().prompt(tokenizer, problem) + problem.solution * 4  # a realistic context, long enough
@@ -92,8 +83,4 @@ def main(argv: list[str] | None = None) -> None:
              "| draft tokens | seconds | relative to one token |", "|---|---|---|"]
     lines += [f"| {n} | {seconds[n]:.3f} | {relative[n]:.2f} |" for n in sizes]
     (out / "cost.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
-
-
-if __name__ == "__main__":
-    main()
+    return "\n".join(lines)

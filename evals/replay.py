@@ -20,14 +20,13 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from semverify.drafters import PromptLookupDrafter
 from semverify.models import load_tokenizer
-from semverify.sense import Datastore, RetrievalDrafter
+from semverify.registry import DraftResources, Method, make_drafter
+from semverify.sense import Datastore
 from semverify.tree import leaf_paths
 
 from .benchmarks import get_benchmark
 from .forward_cost import cost_at
-from .methods import RETRIEVAL, Method
 from .rows import read_rows
 
 
@@ -78,20 +77,20 @@ def replay(drafter, prompt_ids: list[int], output_ids: list[int], k: int) -> Rep
 
 def model_free_drafter(method: Method, datastore: Datastore | None, eos_token_id):
     """The drafter a model-free method decodes with; other methods cannot be replayed."""
-    if not method.lossless:
+    if not method.lossless():
         raise ValueError(f"method {method.name!r}: replay scores exact verification; rule {method.rule!r} "
                          "accepts by other criteria, so its output depends on the drafter")
-    if method.drafter == "prompt_lookup":
-        return PromptLookupDrafter(eos_token_id=eos_token_id)
-    if method.drafter == "rest":
-        if "datastore" in method.drafter_params:
-            datastore = Datastore.load(method.drafter_params["datastore"])
-        return RetrievalDrafter(datastore, **RETRIEVAL["rest"], **method.drafter_settings)
-    if method.drafter in RETRIEVAL:
-        raise ValueError(f"method {method.name!r}: semantic retrieval needs the target's hidden states; "
-                         "replay takes model-free drafters (pld, rest)")
-    raise ValueError(f"method {method.name!r}: drafter {method.drafter!r} needs a model; replay takes "
-                     "model-free drafters (pld, rest)")
+    if "datastore" in method.drafter_params:
+        datastore = Datastore.load(method.drafter_params["datastore"])
+    try:
+        drafter = make_drafter(method.drafter, DraftResources(datastore=datastore, eos_token_id=eos_token_id),
+                               method.k, **method.drafter_settings)
+    except ValueError as err:
+        raise ValueError(f"method {method.name!r}: {err}; replay takes model-free drafters (pld, rest)") from None
+    if drafter.needs_target_hidden:
+        raise ValueError(f"method {method.name!r}: semantic retrieval needs the target's hidden states; replay "
+                         "takes model-free drafters (pld, rest)")
+    return drafter
 
 
 def replay_run(run_dir: str | Path, methods: list[Method], datastore: Datastore | None = None,

@@ -9,8 +9,9 @@ from pathlib import Path
 
 from scipy.stats import binomtest
 
+from semverify.registry import Method, RunContext
+
 from .grading import GRADERS
-from .methods import Method
 from .rows import read_rows
 
 POSITIONS = 10  # draft positions listed in the rule-event lines (step drafts have up to 128)
@@ -41,7 +42,9 @@ def summarise(run_dir: str | Path, reference: str = "vanilla", grader: str = "ma
     exact McNemar tests against each method in ``paired`` (default: the reference)."""
     run_dir = Path(run_dir)
     run = json.loads((run_dir / "run.json").read_text())
-    methods = [Method(**m) for m in run["methods"]]
+    methods = [Method.from_record(m) for m in run["methods"]]
+    s = run["settings"]
+    context = RunContext.for_decoding(s["draft"], s["target"], s["do_sample"], s["temperature"])
     names = [m.name for m in methods]
     paired = paired or [reference]
     for name in (reference, *paired):
@@ -55,11 +58,12 @@ def summarise(run_dir: str | Path, reference: str = "vanilla", grader: str = "ma
         rs = [by[(i, m.name)] for i in ids]
         steps = sum(r["steps"] for r in rs)
         drafted = sum(r["drafted"] for r in rs)
-        # a timing ratio only within one machine (rows of a run resumed elsewhere are left out)
-        timed = [i for i in ids if by[(i, m.name)].get("machine") == by[(i, reference)].get("machine")]
+        # a timing ratio only within one machine (rows of a run resumed elsewhere, or of unknown machine, are left out)
+        timed = [i for i in ids if by[(i, m.name)].get("machine") is not None
+                 and by[(i, m.name)].get("machine") == by[(i, reference)].get("machine")]
         ratios = [by[(i, m.name)]["tok_s"] / by[(i, reference)]["tok_s"] for i in timed]
         entry = {
-            "lossless": m.lossless, "problems": len(rs),
+            "lossless": _lossless(m, context), "problems": len(rs),
             "accuracy": {g: _accuracy([r["grades"][g] for r in rs]) for g in GRADERS},
             "tau": sum(r["new_tokens"] for r in rs) / steps if steps else 0.0,
             "alpha": sum(r["accepted"] for r in rs) / drafted if drafted else None,
@@ -85,6 +89,15 @@ def summarise(run_dir: str | Path, reference: str = "vanilla", grader: str = "ma
                 }
         out["methods"][m.name] = entry
     return out
+
+
+def _lossless(method: Method, context: RunContext) -> bool | None:
+    """Whether the method keeps the target's distribution; None when its rule cannot be built here (its
+    probe or calibration files are gone)."""
+    try:
+        return method.lossless(context)
+    except (ValueError, FileNotFoundError):
+        return None
 
 
 def _accuracy(grades: list[bool]) -> dict:
@@ -127,7 +140,8 @@ def _score_summary(rows: list[dict]) -> dict[str, dict]:
         elif values:
             deciles = statistics.quantiles(values, n=10, method="inclusive") if len(values) > 1 else values * 9
             out[name] = {"n": len(values), "min": values[0], "p10": deciles[0], "median": deciles[4],
-                         "p90": deciles[8], "max": values[-1], "share_below_1": sum(v < 1 for v in values) / len(values)}
+                         "p90": deciles[8], "max": values[-1],
+                         "share_below_1": sum(v < 1 for v in values) / len(values)}
     return out
 
 
@@ -145,8 +159,8 @@ def markdown(summary: dict) -> str:
     s = run["settings"]
     decoding = (f"sampling T={s['temperature']} top_k={s['top_k']} top_p={s['top_p']}" if s["do_sample"]
                 else "greedy")
-    draft = (f"draft `{s['draft']}`" if any(Method(**m).needs_draft_model for m in run["methods"])
-             else "no draft model")
+    uses_draft = any(Method.from_record(m).needs & {"draft_model", "draft_model_int8"} for m in run["methods"])
+    draft = f"draft `{s['draft']}`" if uses_draft else "no draft model"
     if s.get("datastore"):
         draft += f", datastore `{s['datastore']}`"
     lines = [
@@ -167,7 +181,8 @@ def markdown(summary: dict) -> str:
         accs = [_fmt_acc(m["accuracy"][g]) for g in GRADERS]
         alpha = f"{m['alpha']:.2f}" if m["alpha"] is not None else "-"
         ps = [f"{m['paired'][o]['p_value']:.3f}" if o in m["paired"] else "-" for o in summary["paired"]]
-        lines.append(f"| {name} | {'yes' if m['lossless'] else 'no'} | {' | '.join(accs)} | {m['tau']:.2f} | "
+        lossless = {True: "yes", False: "no", None: "?"}[m["lossless"]]
+        lines.append(f"| {name} | {lossless} | {' | '.join(accs)} | {m['tau']:.2f} | "
                      f"{alpha} | {m['tok_s_median']:.2f} | {m['speedup_median']:.2f}x | {m['wall_s']:.0f} | "
                      + " | ".join(ps) + " |")
     partial = [f"- speedup of `{name}` over {m['speedup_problems']} of {summary['problems']} problems: on the "
@@ -198,7 +213,8 @@ def _rule_events(summary: dict) -> list[str]:
             if reason in ("exact", "ratio") or not m.get("new_tokens"):
                 continue
             by_pos = m.get("reasons_per_position", {}).get(reason, [])
-            shares = ", ".join(f"{100 * c / d:.1f}%" for c, d in zip(by_pos[:POSITIONS], m["drafted_per_position"]) if d)
+            shares = ", ".join(f"{100 * c / d:.1f}%"
+                               for c, d in zip(by_pos[:POSITIONS], m["drafted_per_position"]) if d)
             shares += ", ..." if len(by_pos) > POSITIONS else ""
             lines.append(f"- `{name}` {reason}: {count} times, {100 * count / m['new_tokens']:.2f} per 100 new "
                          f"tokens, {100 * count / max(m['drafted'], 1):.2f}% of drafted tokens"
@@ -247,7 +263,8 @@ def plot(summary: dict, run_dir: Path) -> list[Path]:
     ax.set_xlabel("draft position")
     ax.set_ylabel("acceptance rate")
     ax.set_ylim(0, 1.05)
-    ax.legend(fontsize=8)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8)
     fig.tight_layout()
     second = run_dir / "acceptance_by_position.png"
     fig.savefig(second, dpi=120)

@@ -1,32 +1,55 @@
-"""Crash-safe JSONL rows: append one line per finished problem, read back skipping a torn last line."""
+"""Crash-safe JSONL rows: one fsynced line per finished problem, one writer per shard file.
+
+A kill can only tear the last line (it lacks its newline); the writer cuts it before anything reads
+the file, and readers skip it. A broken line anywhere else was not written by a kill: it is reported.
+"""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 from pathlib import Path
 
 
 def read_rows(run_dir: str | Path) -> list[dict]:
-    """Every complete row of every shard file in ``run_dir`` (a line cut by a crash is skipped);
-    a (problem, method) pair written twice counts once."""
+    """Every complete row of every shard file in ``run_dir``; a (problem, method) pair written twice
+    counts once. A torn last line is skipped; a broken line before it raises ValueError naming it."""
     rows: dict[tuple, dict] = {}
     for path in sorted(Path(run_dir).glob("rows.rank*.jsonl")):
-        for line in path.read_text().splitlines():
+        data = path.read_text()
+        lines = data.split("\n")
+        for number, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
             try:
                 row = json.loads(line)
             except json.JSONDecodeError:
-                continue
+                if number == len(lines):  # no newline after it: a write cut off by a kill
+                    continue
+                raise ValueError(f"{path}, line {number}: a broken row in the middle of the file (not a write cut "
+                                 "off by a kill); repair or delete that line, then resume") from None
             rows.setdefault((row["id"], row["method"]), row)
     return list(rows.values())
 
 
 class RowWriter:
-    """Appends rows durably: each line is flushed and fsynced before the next problem starts."""
+    """Appends rows durably: each line is flushed and fsynced before the next problem starts.
+
+    Holds an exclusive lock on ``<file>.lock`` while open, so two runs never write one shard; the lock
+    goes with the process, kill -9 included.
+    """
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = open(self.path.with_name(self.path.name + ".lock"), "w")
+        try:
+            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._lock.close()
+            raise ValueError(f"another run is writing {self.path}; wait for it to finish or use another "
+                             "--out") from None
         self._drop_torn_tail()
         self.file = self.path.open("a")
 
@@ -46,3 +69,10 @@ class RowWriter:
 
     def close(self) -> None:
         self.file.close()
+        self._lock.close()
+
+    def __enter__(self) -> "RowWriter":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

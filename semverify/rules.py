@@ -7,8 +7,7 @@ are tested on hand-built tensors; the loop is the only place that runs models.
 
 from __future__ import annotations
 
-import inspect
-from typing import Any, Callable, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 import torch
 
@@ -156,66 +155,3 @@ class TypicalAcceptance:
         kept = prefix_mask(n, k)
         choice = target_choices(x)
         return Verdict(n, at_position(choice, n), {"exact": kept & exact, "typical": kept & ~exact})
-
-
-_RULES: dict[str, Callable[..., AcceptanceRule]] = {}
-
-
-def register_rule(name: str, factory: Callable[..., AcceptanceRule]) -> None:
-    """Make ``acceptance=name`` resolve to ``factory(**params)``."""
-    _RULES[name] = factory
-
-
-def available_rules() -> list[str]:
-    """Names accepted by ``acceptance=`` and the CLI's ``--rule``."""
-    return sorted(_RULES)
-
-
-def get_rule(rule: str | AcceptanceRule, **params) -> AcceptanceRule:
-    """A rule object from a registered name (with constructor params) or a rule passed through."""
-    if not isinstance(rule, str):
-        if params:
-            raise ValueError("rule parameters are only accepted with a rule name, not a rule object")
-        if not isinstance(rule, AcceptanceRule):
-            raise TypeError(f"acceptance must be a rule name or an AcceptanceRule, got {type(rule).__name__}")
-        return rule
-    if rule not in _RULES:
-        raise ValueError(f"unknown acceptance rule {rule!r}; available: {', '.join(available_rules())}")
-    return _RULES[rule](**params)
-
-
-def with_context(rule: str, params: dict[str, Any], context: dict[str, Any]) -> dict[str, Any]:
-    """``params`` plus the ``context`` entries (model names, temperature...) that rule ``rule``'s factory
-    takes and ``params`` does not set: how the CLI tells a rule like ``easd`` which models it serves."""
-    if rule not in _RULES:
-        return dict(params)
-    accepted = inspect.signature(_RULES[rule]).parameters
-    return {**{k: v for k, v in context.items() if k in accepted}, **params}
-
-
-def run_context(draft: str | None, target: str | None, do_sample: bool, temperature: float | None) -> dict[str, Any]:
-    """What a run tells rules about itself: the models' names (EASD finds their calibrations, SemanticSpec
-    their probes) and the temperature (greedy decoding sees the T=1 distributions)."""
-    return {"draft_calibration": draft, "target_calibration": target, "draft_model": draft, "target_model": target,
-            "temperature": (temperature or 1.0) if do_sample else 1.0}
-
-
-def parse_param(text: str) -> tuple[str, Any]:
-    """``key=value`` -> (key, value), the value as int, float, bool or str: rule parameters as typed."""
-    key, sep, value = text.partition("=")
-    if not sep or not key.strip():
-        raise ValueError(f"expected key=value, got {text!r}")
-    value = value.strip()
-    if value.lower() in ("true", "false"):
-        return key.strip(), value.lower() == "true"
-    for kind in (int, float):
-        try:
-            return key.strip(), kind(value)
-        except ValueError:
-            pass
-    return key.strip(), value
-
-
-register_rule("greedy", GreedyMatch)
-register_rule("speculative", SpeculativeSampling)
-register_rule("typical", TypicalAcceptance)

@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .types import StepOutcome
+
 
 @dataclass
 class SpecStats:
@@ -30,20 +32,20 @@ class SpecStats:
     verify_time: float = 0.0
     total_time: float = 0.0
 
-    def record_step(self, drafted: int, accepted: int, emitted: int, reasons: dict[str, torch.Tensor],
-                    positions: int | None = None, scores: dict[str, torch.Tensor] | None = None) -> None:
-        """Count one target forward that checked ``drafted`` tokens, kept ``accepted``, emitted ``emitted``.
-
-        ``positions``: for a tree draft, the length of the path the rule chose (per-position counts
-        follow that path); a chain's positions are its ``drafted`` tokens.
-        """
+    def record_step(self, outcome: StepOutcome, reasons: dict[str, torch.Tensor], positions: int,
+                    draft_time: float = 0.0, verify_time: float = 0.0) -> None:
+        """Count one target forward: ``outcome`` (drafted, accepted, emitted), the rule's per-position
+        ``reasons`` and per-step scores, and ``positions``, the length of the path the rule judged (a
+        chain's is its draft; a tree's, the chosen branch's), which per-position counts follow."""
         self.steps += 1
-        self.drafted += drafted
-        self.accepted += accepted
-        self.new_tokens += emitted
-        self.accept_lengths.append(accepted)
-        _add_prefix(self.drafted_per_position, drafted if positions is None else positions)
-        _add_prefix(self.accepted_per_position, accepted)
+        self.drafted += outcome.drafted
+        self.accepted += outcome.accepted
+        self.new_tokens += outcome.emitted.shape[1]
+        self.accept_lengths.append(outcome.accepted)
+        self.draft_time += draft_time
+        self.verify_time += verify_time
+        _add_prefix(self.drafted_per_position, positions)
+        _add_prefix(self.accepted_per_position, outcome.accepted)
         for name, mask in reasons.items():
             flags = mask[0].tolist()
             self.reasons[name] += sum(flags)
@@ -51,7 +53,7 @@ class SpecStats:
             per_pos.extend([0] * (len(flags) - len(per_pos)))
             for i, flag in enumerate(flags):
                 per_pos[i] += int(flag)
-        for name, value in (scores or {}).items():
+        for name, value in outcome.verdict.scores.items():
             self.scores.setdefault(name, []).append(float(value[0]))
 
     @property

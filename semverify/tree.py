@@ -87,19 +87,20 @@ class PathInput(VerifyInput):
         return self.parent.target_probs[:, self.rows]
 
 
-def verify_tree(rule: AcceptanceRule, x: VerifyInput) -> tuple[list[int], Verdict]:
-    """Run ``rule`` on every root-to-leaf path of the tree in ``x`` and keep the longest acceptance.
+def verify_paths(rule: AcceptanceRule, x: VerifyInput) -> tuple[list[int], Verdict]:
+    """Run ``rule`` on every root-to-leaf path of the draft in ``x`` and keep the longest acceptance.
 
-    ``x.target_logits`` (and hidden states) hold the n+1 rows of ``[root, nodes...]``; a path's chain
-    input takes the root row and its nodes' rows. Ties go to the first path. Returns the chosen path
-    (node indices) and the rule's verdict on it.
+    A chain is the one-path case and is judged as it is. For a tree, ``x.target_logits`` (and hidden
+    states) hold the n+1 rows of ``[root, nodes...]``; a path's input takes the root row and its
+    nodes' rows. Ties go to the first path. Returns the chosen path (node indices) and its verdict.
     """
     draft = x.draft
+    if not draft.is_tree:
+        return list(range(draft.length)), rule(x)
     best: tuple[list[int], Verdict] | None = None
     for path in leaf_paths(draft.parents):
         rows = [0] + [i + 1 for i in path]
-        chain = Draft(tokens=draft.tokens[:, path], probs=None if draft.probs is None else draft.probs[:, path],
-                      meta=draft.meta)
+        chain = Draft(tokens=draft.tokens[:, path], probs=None if draft.probs is None else draft.probs[:, path])
         hidden = None if x.target_hidden is None else x.target_hidden[:, rows]
         verdict = rule(PathInput(chain, x.target_logits[:, rows], x.do_sample, hidden, x.generator, parent=x,
                                  rows=rows))
@@ -122,9 +123,9 @@ def keep_path(cache: DynamicCache, start: int, nodes: list[int]) -> None:
 
     The caller then crops the cache; entries of rejected branches are overwritten or cut off.
     """
-    require_full_attention(cache)
-    if not nodes or nodes == list(range(len(nodes))):
+    if nodes == list(range(len(nodes))):  # a chain's accepted prefix is already in place
         return
+    require_full_attention(cache)
     src = torch.tensor(nodes) + start
     dst = torch.arange(len(nodes)) + start
     for layer in cache.layers:

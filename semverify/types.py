@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import Callable
 
 import torch
 
@@ -20,13 +21,12 @@ class Draft:
     ``probs`` is the warped draft distribution q that ``tokens`` were drawn from; ``None`` marks a
     deterministic proposer (prompt lookup, retrieval), which lossless rules treat as one-hot.
     ``parents`` turns the draft into a tree: ``parents[i]`` is the index of node i's parent, or -1 for
-    a child of the last accepted token; ``None`` is a chain.
+    a child of the last accepted token; ``None`` is a chain (a tree with one path).
     """
 
     tokens: torch.LongTensor  # [B, n]
     probs: torch.FloatTensor | None = None  # [B, n, V]
     parents: torch.LongTensor | None = None  # [n]
-    meta: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.tokens.dim() != 2:
@@ -55,12 +55,31 @@ class Draft:
 
 
 @dataclass
+class StepDraft(Draft):
+    """A whole reasoning step proposed at once (SemanticSpec and the other step rules).
+
+    ``pooled_hidden`` [B, H] is the mean last-layer state of the draft positions that emitted the
+    step's tokens, the draft probe's input.
+    """
+
+    pooled_hidden: torch.FloatTensor | None = None
+
+
+@dataclass
+class StepTokensDraft(Draft):
+    """Tokens a step drafter proposes while the target writes a step itself (the first step, and any
+    step after a rejection): step rules verify them token by token."""
+
+
+@dataclass
 class VerifyInput:
     """What a rule sees for a chain draft of length k.
 
     ``target_logits`` are the target's logits at the k+1 positions after warping by the same
     sampler that produced ``draft.probs`` (temperature/top-k/top-p); under greedy decoding they are
-    the raw logits.
+    the raw logits. ``extend``, where the loop offers it, returns the target's raw logits [B, m, V]
+    over m more tokens placed after the draft, without keeping them (SpecReason asks the target a
+    question about the step this way).
     """
 
     draft: Draft
@@ -68,6 +87,7 @@ class VerifyInput:
     do_sample: bool
     target_hidden: torch.FloatTensor | None = None  # [B, k+1, H], last layer
     generator: torch.Generator | None = None
+    extend: Callable[[torch.LongTensor], torch.FloatTensor] | None = None
 
     @cached_property
     def target_probs(self) -> torch.FloatTensor:
@@ -92,3 +112,13 @@ class Verdict:
     next_token: torch.LongTensor  # [B]
     reasons: dict[str, torch.BoolTensor] = field(default_factory=dict)
     scores: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    """What one loop step did, handed to ``Drafter.feedback`` (adaptive draft lengths learn from it)."""
+
+    drafted: int
+    accepted: int
+    emitted: torch.LongTensor  # [B, m] the tokens added to the sequence
+    verdict: Verdict

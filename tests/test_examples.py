@@ -12,6 +12,6 @@ def test_rules_side_by_side_runs_and_skips_rules_without_their_files(tiny_checkp
     main(["--target", str(tiny_checkpoint), "--draft", str(tiny_checkpoint), "--max-new-tokens", "6",
           "--dtype", "float32", "--do-sample"])
     out = capsys.readouterr().out
-    for rule in ("target alone", "speculative", "typical"):
+    for rule in ("target alone", "speculative", "typical", "step_likelihood", "specreason"):
         assert f"=== {rule}: math-verify" in out
     assert "[skipping easd: no entropy calibration" in out and "[skipping semanticspec: no semantic probe" in out

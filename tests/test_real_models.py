@@ -48,13 +48,13 @@ def test_qwen_pair_sampled_is_seeded_and_counts_add_up(qwen_pair):
 def test_qwen_pair_easd_calibrated_default_penalises_and_never_emits_the_draft(qwen_pair):
     """EASD at the shipped 80th-percentile calibration (T=0.7) on a GSM8K prompt: every penalty
     replaces the draft token; at +inf thresholds the same seed gives standard SD's exact output."""
-    from semverify import ModelDrafter, Sampler, get_rule, speculative_generate
+    from semverify import ModelDrafter, RunContext, Sampler, get_rule, speculative_generate
     from semverify.easd import EntropyAwareRule
 
     target, draft, tokenizer = qwen_pair
     ids = gsm8k_ids(tokenizer, 1)[0]
-    calibrated = get_rule("easd", percentile=80, draft_calibration="qwen2.5-coder-0.5b-instruct",
-                          target_calibration="qwen2.5-coder-1.5b-instruct", temperature=0.7)
+    context = RunContext("qwen2.5-coder-0.5b-instruct", "qwen2.5-coder-1.5b-instruct", temperature=0.7)
+    calibrated = get_rule("easd", context, percentile=80)
     seen = []
 
     def on_step(event):
@@ -85,26 +85,26 @@ def test_smollm_sense_at_theta_one_matches_greedy(smollm, tmp_path):
     assert info["texts"] == 40 and info["entries"] > 2000
     for ids in gsm8k_ids(tokenizer, 2):
         expected = model.generate(ids, do_sample=False, max_new_tokens=48)
-        out, stats = speculative_generate(model, ids, drafter=RetrievalDrafter(store), rule=get_rule("sense", theta_e=1.0),
-                                          num_draft_tokens=8, max_new_tokens=48)
+        out, stats = speculative_generate(model, ids, drafter=RetrievalDrafter(store),
+                                          rule=get_rule("sense", theta_e=1.0), num_draft_tokens=8, max_new_tokens=48)
         assert torch.equal(out, expected)
         assert stats.accepted > 0
 
 
 def test_qwen_pair_semanticspec_with_the_shipped_probes(qwen_pair):
-    """``acceptance="semanticspec"`` works out of the box on the default pair (probes shipped in the
-    package, found by the models' names); at r_min > 1 it is the target's greedy output exactly."""
-    from semverify.semanticspec import SemanticStepRule, find_probe
+    """``rule="semanticspec"`` works out of the box on the default pair (a matched pair of probes shipped
+    in the package, found by the models' names); at r_min > 1 it is the target's greedy output exactly."""
+    from semverify.semanticspec import SemanticStepRule, find_probes
 
     target, draft, tokenizer = qwen_pair
     ids = gsm8k_ids(tokenizer, 1)[0]
-    out = generate(target, ids, assistant_model=draft, tokenizer=tokenizer, acceptance="semanticspec",
+    out = generate(target, ids, assistant_model=draft, tokenizer=tokenizer, rule="semanticspec",
                    max_new_tokens=96, return_dict_in_generate=True)
     reasons = out.spec_stats.reasons
     assert reasons["step"] + reasons["step_rejected"] > 0  # whole steps were drafted and judged
-    probes = [find_probe(m.name_or_path) for m in (draft, target)]
+    probes = find_probes(draft.name_or_path, target.name_or_path)
     assert [p.hidden_size for p in probes] == [896, 1536]
     strict = SemanticStepRule(*probes, r_min=1.5)
     expected = target.generate(ids, do_sample=False, max_new_tokens=64)
-    assert torch.equal(generate(target, ids, assistant_model=draft, tokenizer=tokenizer, acceptance=strict,
+    assert torch.equal(generate(target, ids, assistant_model=draft, tokenizer=tokenizer, rule=strict,
                                 max_new_tokens=64), expected)

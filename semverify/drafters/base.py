@@ -1,4 +1,4 @@
-"""The drafter protocol the loop drives, and the empty drafter (plain target decoding)."""
+"""The drafter protocol the loop drives, a base class with its no-op hooks, and the empty drafter."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Protocol, runtime_checkable
 import torch
 
 from ..sampling import Sampler
-from ..types import Draft
+from ..types import Draft, StepOutcome
 
 
 @runtime_checkable
@@ -34,18 +34,30 @@ class Drafter(Protocol):
     ) -> None:
         """The loop kept the first ``n_accepted`` tokens of the last draft, then ``next_token``."""
 
+    def feedback(self, outcome: StepOutcome) -> None:
+        """How the last step went, after ``commit``: where adaptive draft lengths learn."""
 
-class NoDrafter:
-    """Proposes nothing: the loop then decodes one target token per forward (the vanilla baseline)."""
 
-    gives_probs = True
+class BaseDrafter:
+    """No-op ``reset``, ``commit`` and ``feedback``: a drafter overrides what it needs."""
+
+    gives_probs = False
     needs_target_hidden = False
 
     def reset(self, input_ids: torch.LongTensor) -> None:
         pass
 
+    def commit(self, n_accepted: int, next_token: torch.LongTensor, target_hidden: torch.Tensor | None = None) -> None:
+        pass
+
+    def feedback(self, outcome: StepOutcome) -> None:
+        pass
+
+
+class NoDrafter(BaseDrafter):
+    """Proposes nothing: the loop then decodes one target token per forward (the vanilla baseline)."""
+
+    gives_probs = True
+
     def propose(self, input_ids, k, sampler, generator) -> Draft:
         return Draft.empty(input_ids.shape[0], input_ids.device)
-
-    def commit(self, n_accepted, next_token, target_hidden=None) -> None:
-        pass

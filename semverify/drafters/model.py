@@ -8,9 +8,10 @@ from transformers import PreTrainedModel
 from ..cache import keep_first, new_cache
 from ..sampling import Sampler, sample_from
 from ..types import Draft, eos_ids
+from .base import BaseDrafter
 
 
-class ModelDrafter:
+class ModelDrafter(BaseDrafter):
     """Drafts k tokens autoregressively with ``model``, sampling through the loop's sampler.
 
     ``confidence_threshold`` stops a draft early once the draft's top probability falls below it
@@ -40,12 +41,12 @@ class ModelDrafter:
     def propose(
         self, input_ids: torch.LongTensor, k: int, sampler: Sampler, generator: torch.Generator | None
     ) -> Draft:
-        return self.draft_tokens(input_ids, k, sampler, generator)
+        return self.draft_tokens(input_ids, k, sampler, generator)[0]
 
     def draft_tokens(self, input_ids: torch.LongTensor, k: int, sampler: Sampler, generator: torch.Generator | None,
-                     stop=None, keep_hidden: bool = False) -> Draft:
-        """Up to k tokens; ``stop(tokens)`` ends the draft early after a token, ``keep_hidden`` puts the
-        last-layer hidden states of the positions that emitted the tokens in ``meta["hidden"]`` [B, n, H]."""
+                     stop=None, keep_hidden: bool = False) -> tuple[Draft, torch.Tensor | None]:
+        """Up to k tokens, and with ``keep_hidden`` the last-layer hidden states [B, n, H] of the positions
+        that emitted them (else None); ``stop(tokens)`` ends the draft early after a token."""
         self._draft_start = input_ids.shape[1]
         feed = input_ids[:, self.cache.get_seq_length() :]
         tokens, probs, hidden = [], [], []
@@ -67,11 +68,9 @@ class ModelDrafter:
             if self.eos and all(int(t) in self.eos for t in token):
                 break
         if not tokens:
-            return Draft.empty(input_ids.shape[0], input_ids.device)
+            return Draft.empty(input_ids.shape[0], input_ids.device), None
         draft = Draft(tokens=torch.stack(tokens, dim=1), probs=torch.stack(probs, dim=1))
-        if keep_hidden:
-            draft.meta["hidden"] = torch.stack(hidden, dim=1)
-        return draft
+        return draft, torch.stack(hidden, dim=1) if keep_hidden else None
 
     def commit(self, n_accepted: int, next_token: torch.LongTensor, target_hidden=None) -> None:
         # The cache holds the prefix plus all draft tokens but the last; keep the accepted ones only.

@@ -2,7 +2,7 @@
 
 Su, Zhang and He, "Entropy-Aware Speculative Decoding Toward Improved LLM Reasoning" (arXiv 2512.23765).
 A draft token that standard SD would accept is rejected anyway when the draft entropy exceeds
-``tau_q``, the target entropy exceeds ``tau_p``, and the two top-N sets overlap by at least
+``draft_entropy``, the target entropy exceeds ``target_entropy``, and the two top-N sets overlap by at least
 ``overlap``; the target then emits a token other than the draft's. Lossy by design.
 """
 
@@ -36,27 +36,29 @@ class EntropyAwareRule:
 
     def __init__(
         self,
-        tau_q: float,
-        tau_p: float,
+        draft_entropy: float,
+        target_entropy: float,
         top_n: int = 5,
         overlap: float = 0.6,
         resample: str = "target",
         normalize: bool = False,
     ) -> None:
-        if math.isnan(tau_q) or math.isnan(tau_p):
-            raise ValueError("tau_q and tau_p must be numbers (use float('inf') to switch the penalty off)")
+        if math.isnan(draft_entropy) or math.isnan(target_entropy):
+            raise ValueError("draft_entropy and target_entropy must be numbers (use float('inf') to switch the "
+                             "penalty off)")
         if int(top_n) != top_n or top_n < 1:
             raise ValueError(f"top_n must be a positive integer, got {top_n}")
         if not 0.0 <= overlap <= 1.0:
             raise ValueError(f"overlap must be in [0, 1], got {overlap}")
         if resample not in RESAMPLE:
             raise ValueError(f"resample must be one of {RESAMPLE}, got {resample!r}")
-        self.tau_q, self.tau_p = float(tau_q), float(tau_p)
+        self.draft_entropy, self.target_entropy = float(draft_entropy), float(target_entropy)
         self.top_n, self.overlap = int(top_n), float(overlap)
         self.resample, self.normalize = resample, bool(normalize)
 
     def __repr__(self) -> str:
-        return (f"EntropyAwareRule(tau_q={self.tau_q:.4g}, tau_p={self.tau_p:.4g}, top_n={self.top_n}, "
+        return (f"EntropyAwareRule(draft_entropy={self.draft_entropy:.4g}, target_entropy={self.target_entropy:.4g}, "
+                f"top_n={self.top_n}, "
                 f"overlap={self.overlap}, resample={self.resample!r}, normalize={self.normalize})")
 
     def uncertain_agreement(self, q: torch.Tensor, p: torch.Tensor) -> torch.BoolTensor:
@@ -67,7 +69,7 @@ class EntropyAwareRule:
         n = min(self.top_n, q.shape[-1], p.shape[-1])
         top_q, top_p = q.topk(n, dim=-1).indices, p.topk(n, dim=-1).indices
         shared = (top_q[..., :, None] == top_p[..., None, :]).any(dim=-1).sum(dim=-1)
-        return (h_q > self.tau_q) & (h_p > self.tau_p) & (shared >= self.overlap * n - 1e-9)
+        return (h_q > self.draft_entropy) & (h_p > self.target_entropy) & (shared >= self.overlap * n - 1e-9)
 
     def __call__(self, x: VerifyInput) -> Verdict:
         q = x.draft.probs

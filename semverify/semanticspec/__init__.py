@@ -1,46 +1,69 @@
-"""SemanticSpec: the draft writes whole reasoning steps; probes on hidden states estimate the probability
-of each step's meaning under both models, and a ratio test accepts or rejects the step."""
+"""SemanticSpec and step-level verification: the draft writes whole reasoning steps and a step rule
+accepts or rejects each one (probes on hidden states, the target's likelihood, or the target as judge)."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
-from ..models import per_model_file
-from ..rules import register_rule
+from ..models import cache_root, model_key
+from ..registry import DrafterKind, DraftResources, Method, RunContext, register_drafter, register_method, register_rule
+from .baselines import SpecReason, StepLikelihood
 from .drafter import StepDrafter
 from .probe import ProbeError, SemanticProbe
 from .rule import SemanticStepRule
 from .segment import DEFAULT_STOPS, StepSegmenter
+from .steps import StepRule, token_veto
 
 SHIPPED_PROBES = Path(__file__).parent / "probes"
 
 
-def find_probe(name_or_path: str | os.PathLike) -> SemanticProbe:
-    """A probe from a ``.pt`` path, or by model name: the user's cache first, then the shipped probes."""
-    if str(name_or_path).endswith(".pt"):
-        return SemanticProbe.load(name_or_path)
-    found = per_model_file(name_or_path, "probes", ".pt", SHIPPED_PROBES)
-    if found is not None:
-        return SemanticProbe.load(found, model=str(name_or_path))
-    raise FileNotFoundError(f"no semantic probe for {name_or_path!r}; train one with `semverify probes --model "
-                            f"{name_or_path}` or pass a probe file")
+def pair_key(draft_model: str | os.PathLike, target_model: str | os.PathLike) -> str:
+    """The folder name of a draft/target pair's probes: ``<draft>__<target>`` (model keys)."""
+    return f"{model_key(draft_model)}__{model_key(target_model)}"
 
 
-def make_semanticspec(draft_probe: str | SemanticProbe | None = None, target_probe: str | SemanticProbe | None = None,
-                      r_min: float = 0.5, draft_model: str | None = None,
-                      target_model: str | None = None) -> SemanticStepRule:
-    """The ``semanticspec`` rule; probes are objects, ``.pt`` paths, or found by the models' names."""
-    probes = []
-    for probe, model, role in ((draft_probe, draft_model, "draft"), (target_probe, target_model, "target")):
-        source = probe if probe is not None else model
-        if source is None:
-            raise ValueError(f"semanticspec needs a {role} probe: {role}_probe=PATH or {role}_model=NAME")
-        probes.append(source if isinstance(source, SemanticProbe) else find_probe(source))
-    return SemanticStepRule(probes[0], probes[1], r_min=r_min)
+def find_probes(draft_model: str | os.PathLike, target_model: str | os.PathLike) -> tuple[SemanticProbe, SemanticProbe]:
+    """The (draft, target) probes trained for a pair: in the user's cache first, then among the shipped ones."""
+    key = pair_key(draft_model, target_model)
+    for root in (cache_root() / "probes", SHIPPED_PROBES):
+        if (root / key / "draft.pt").is_file() and (root / key / "target.pt").is_file():
+            return (SemanticProbe.load(root / key / "draft.pt", model=str(draft_model)),
+                    SemanticProbe.load(root / key / "target.pt", model=str(target_model)))
+    raise FileNotFoundError(f"no semantic probes for the pair {draft_model} -> {target_model}; train them with "
+                            f"`semverify probes --draft {draft_model} --target {target_model}` or pass draft_probe= "
+                            "and target_probe= files")
 
 
-register_rule("semanticspec", make_semanticspec)
+def make_semanticspec(context: RunContext, draft_probe: str | SemanticProbe | None = None,
+                      target_probe: str | SemanticProbe | None = None, r_min: float = 0.5, **veto) -> SemanticStepRule:
+    """The ``semanticspec`` rule; probes are objects or ``.pt`` paths, or found by the run's model names."""
+    if draft_probe is None or target_probe is None:
+        if context.draft_model is None or context.target_model is None:
+            missing = "draft" if draft_probe is None else "target"
+            raise ValueError(f"semanticspec needs a {missing} probe: {missing}_probe=PATH, or a run that names both "
+                             "models (their probes are found by name)")
+        found = find_probes(context.draft_model, context.target_model)
+        draft_probe, target_probe = draft_probe or found[0], target_probe or found[1]
+    load = lambda probe: probe if isinstance(probe, SemanticProbe) else SemanticProbe.load(probe)  # noqa: E731
+    return SemanticStepRule(load(draft_probe), load(target_probe), r_min=r_min, **veto)
 
-__all__ = ["DEFAULT_STOPS", "ProbeError", "SemanticProbe", "SemanticStepRule", "StepDrafter", "StepSegmenter",
-           "find_probe", "make_semanticspec"]
+
+def _step_drafter(resources: DraftResources, k: int) -> StepDrafter:
+    if resources.tokenizer is None:
+        raise ValueError("steps end at text breaks: the step drafter needs the tokenizer (tokenizer= in generate())")
+    return StepDrafter(resources.draft_model, StepSegmenter(resources.tokenizer, max_step_tokens=k),
+                       eos_token_id=resources.eos_token_id)
+
+
+register_rule("semanticspec", make_semanticspec, contextual=True)
+register_rule("step_likelihood", StepLikelihood)
+register_rule("specreason", lambda context, **params: SpecReason(context.tokenizer, **params), contextual=True)
+register_drafter(DrafterKind("step", _step_drafter, needs=("draft_model",), default_k=128))
+# whole steps of up to k tokens; probes found by the models' names
+register_method(Method("semanticspec", "step", "semanticspec", {"r_min": 0.5}, k=128))
+register_method(Method("step_likelihood", "step", "step_likelihood", {"min_mean_logprob": -0.5}, k=128))
+register_method(Method("specreason", "step", "specreason", {"threshold": 7.0}, k=128))
+
+__all__ = ["DEFAULT_STOPS", "ProbeError", "SemanticProbe", "SemanticStepRule", "SpecReason", "StepDrafter",
+           "StepLikelihood", "StepRule", "StepSegmenter", "find_probes", "make_semanticspec", "pair_key", "token_veto"]

@@ -65,7 +65,8 @@ def meaning_judge(threshold: float = 0.85, require_numbers: bool = True, model_p
                              normalize_embeddings=True, show_progress_bar=False)
         sims = (emb @ emb.T).tolist()
         results = [new_numbers(t, prefix) for t in texts]
-        return cluster(texts, lambda a, b: sims[a][b] >= threshold and (not require_numbers or results[a] == results[b]))
+        same_results = lambda a, b: not require_numbers or results[a] == results[b]  # noqa: E731
+        return cluster(texts, lambda a, b: sims[a][b] >= threshold and same_results(a, b))
 
     judge.__name__ = f"meaning_judge(threshold={threshold}, require_numbers={require_numbers})"
     return judge

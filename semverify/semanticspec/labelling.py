@@ -166,10 +166,10 @@ def sample_prefixes(target, draft, prefixes: Sequence[Sequence[int]], segmenter:
     for prefix, mine, theirs in zip(prefixes, own, drafted):
         n = len(mine["ids"])
         read = read_steps(target, prefix, mine["ids"] + theirs["ids"], settings.sampler)
-        part = lambda rows: {"tokens_mean": read["tokens_mean"][rows], "tokens_last": read["tokens_last"][rows],  # noqa: E731
-                             "stats": read["stats"][rows]}
-        results.append({"target": {"ids": mine["ids"], **part(slice(0, n))},
-                        "draft": {"ids": theirs["ids"], "emitting": theirs["emitting"], **part(slice(n, None))}})
+        own, drafted = ({k: read[k][rows] for k in ("tokens_mean", "tokens_last", "stats")}
+                        for rows in (slice(0, n), slice(n, None)))
+        results.append({"target": {"ids": mine["ids"], **own},
+                        "draft": {"ids": theirs["ids"], "emitting": theirs["emitting"], **drafted}})
     return results
 
 

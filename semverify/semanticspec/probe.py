@@ -22,12 +22,13 @@ class SemanticProbe(nn.Module):
         self.net = nn.Sequential(nn.Linear(hidden_size, width), nn.ReLU(), nn.Dropout(0.3),
                                  nn.Linear(width, 256), nn.ReLU(), nn.Linear(256, 1))
         self.hidden_size, self.width, self.model, self.meta = hidden_size, width, model, dict(meta or {})
+        self.source = f"a probe for {model or 'an unnamed model'}"  # the file, once saved or loaded
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """Probabilities in (0, 1), one per row of ``hidden`` (any float dtype)."""
         if hidden.shape[-1] != self.hidden_size:
-            raise ProbeError(f"probe for {self.model or 'a model'} reads hidden size {self.hidden_size}, "
-                             f"got {hidden.shape[-1]}")
+            raise ProbeError(f"{self.source} reads hidden size {self.hidden_size}, got {hidden.shape[-1]}: it was "
+                             f"trained for {self.model or 'another model'}")
         return torch.sigmoid(self.net(hidden.float())).squeeze(-1)
 
     def save(self, path: str | os.PathLike) -> Path:
@@ -37,6 +38,7 @@ class SemanticProbe(nn.Module):
         torch.save({"format": 1, "hidden_size": self.hidden_size, "width": self.width, "model": self.model,
                     "meta": self.meta, "state": self.state_dict()}, tmp)
         os.replace(tmp, path)
+        self.source = str(path)
         return path
 
     @classmethod
@@ -44,16 +46,17 @@ class SemanticProbe(nn.Module):
         """Load a probe; with ``model``/``hidden_size`` given, refuse one trained for another model."""
         path = Path(path)
         if not path.is_file():
-            raise FileNotFoundError(f"probe not found: {path} (train one with `semverify probes`)")
+            raise FileNotFoundError(f"probe not found: {path} (train a pair with `semverify probes`)")
         try:
             blob = torch.load(path, map_location="cpu", weights_only=True)
         except Exception as err:
             raise ProbeError(f"{path} is not a readable semverify probe ({type(err).__name__}: {err})") from err
         if hidden_size is not None and blob["hidden_size"] != hidden_size:
-            raise ProbeError(f"probe {path.name} was trained for {blob['model']} (hidden size {blob['hidden_size']}); "
+            raise ProbeError(f"probe {path} was trained for {blob['model']} (hidden size {blob['hidden_size']}); "
                              f"this model has hidden size {hidden_size}")
         if model is not None and blob["model"] and Path(str(model)).name != Path(str(blob["model"])).name:
-            raise ProbeError(f"probe {path.name} was trained for {blob['model']}, not {model}")
+            raise ProbeError(f"probe {path} was trained for {blob['model']}, not {model}")
         probe = cls(blob["hidden_size"], blob["width"], blob["model"], blob["meta"])
         probe.load_state_dict(blob["state"])
+        probe.source = str(path)
         return probe.eval()

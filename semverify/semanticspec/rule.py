@@ -3,68 +3,58 @@ step of the same meaning about as often as the draft would (a ratio test on sema
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
-from ..rules import AcceptanceRule, SpeculativeSampling, at_position, prefix_mask, target_choices
-from ..types import Verdict, VerifyInput
-from .drafter import StepDrafter
-from .probe import SemanticProbe
-from .segment import StepSegmenter
+from ..rules import AcceptanceRule
+from ..types import VerifyInput
+from .probe import ProbeError, SemanticProbe
+from .steps import StepRule
 
 
-class SemanticStepRule:
-    """For a ``"step"`` draft: P_t = target_probe(mean target hidden over the step's tokens), P_d =
-    draft_probe(meta["pooled_hidden"]), r = min(1, P_t / P_d); accept the whole step when r >= r_min
-    and u < r (u uniform), then the target's token follows; otherwise keep nothing and emit the target's
-    token at the step's start. Token drafts go to ``token_rule`` (lossless by default). Every judged
-    step's P_t, P_d and unclipped P_t / P_d go to the statistics' ``scores``.
+class SemanticStepRule(StepRule):
+    """For a drafted step: P_t = target_probe(mean target hidden over the step's tokens), P_d =
+    draft_probe(the draft's pooled hidden), r = min(1, P_t / P_d); accept the whole step when
+    r >= r_min and u < r (u uniform). Every judged step's P_t, P_d and unclipped P_t / P_d go to the
+    statistics' ``scores``. The probes must be a pair labelled on the same steps (see
+    :mod:`semverify.semanticspec.training`): otherwise their base rates differ and the ratio means nothing.
 
     ``r_min > 1`` never accepts a step, which leaves exact target decoding with a lossless token rule.
     """
 
     name = "semanticspec"
-    lossless = False
-    needs_draft_probs = False
     needs_hidden_states = True
 
     def __init__(self, draft_probe: SemanticProbe, target_probe: SemanticProbe, r_min: float = 0.5,
-                 token_rule: AcceptanceRule | None = None, eps: float = 1e-6) -> None:
+                 token_rule: AcceptanceRule | None = None, eps: float = 1e-6, **veto) -> None:
+        super().__init__(token_rule, **veto)
         if r_min < 0:
             raise ValueError(f"r_min must be >= 0, got {r_min}")
+        pairs = draft_probe.meta.get("pair"), target_probe.meta.get("pair")
+        if pairs[0] is None or pairs[0] != pairs[1]:
+            raise ProbeError(
+                f"the draft probe ({draft_probe.source}) and the target probe ({target_probe.source}) were not "
+                f"labelled on the same steps (pair ids {pairs[0]} and {pairs[1]}), so their base rates do not "
+                "match and their ratio would not compare the models; train them together with `semverify probes`")
         self.draft_probe, self.target_probe = draft_probe.eval(), target_probe.eval()
         self.r_min, self.eps = float(r_min), eps
-        self.token_rule = token_rule or SpeculativeSampling()
 
-    def make_drafter(self, draft_model, tokenizer, max_step_tokens: int = 128) -> tuple[StepDrafter, int]:
-        """What ``generate(..., assistant_model=m, acceptance=<this rule>)`` drafts with: whole steps of
-        ``m`` (cut by text, so the tokenizer is needed), and the step cap as the draft length."""
-        if tokenizer is None:
-            raise ValueError("semanticspec cuts steps at text breaks: pass tokenizer= to generate()")
-        return StepDrafter(draft_model, StepSegmenter(tokenizer, max_step_tokens=max_step_tokens)), max_step_tokens
+    @property
+    def artifacts(self) -> tuple[str, ...]:
+        """The probe files this rule reads (runs pin them by content)."""
+        return tuple(p.source for p in (self.draft_probe, self.target_probe) if Path(p.source).is_file())
 
     def probabilities(self, x: VerifyInput) -> tuple[torch.Tensor, torch.Tensor]:
         """[B] P_t and P_d, the probes' semantic probabilities of a drafted step."""
         with torch.no_grad():
             p_t = self.target_probe(x.target_hidden[:, 1 : x.k + 1].float().mean(dim=1))
-            p_d = self.draft_probe(x.draft.meta["pooled_hidden"].float())
+            p_d = self.draft_probe(x.draft.pooled_hidden.float())
         return p_t, p_d
 
-    def __call__(self, x: VerifyInput) -> Verdict:
-        kind = x.draft.meta.get("kind")
-        if kind == "tokens" or x.k == 0:
-            return self.token_rule(x)
-        if kind != "step" or x.target_hidden is None:
-            raise ValueError("semanticspec verifies whole steps drafted by a StepDrafter: pass assistant_model= "
-                             "(generate() wraps it) or drafter=StepDrafter(draft_model, StepSegmenter(tokenizer))")
+    def judge(self, x: VerifyInput) -> tuple[torch.BoolTensor, dict[str, torch.Tensor]]:
         p_t, p_d = self.probabilities(x)
         raw = p_t / p_d.clamp_min(self.eps)
         r = raw.clamp(max=1.0)
         u = torch.rand(r.shape, generator=x.generator, device=r.device)
-        accept = (r >= self.r_min) & (u < r)
-        n = torch.where(accept, x.k, 0)
-        choice = target_choices(x)
-        first = prefix_mask(torch.ones_like(n), x.k)
-        return Verdict(n, at_position(choice, n), {"step": prefix_mask(n, x.k),
-                                                   "step_rejected": first & ~accept[:, None]},
-                       scores={"p_target": p_t, "p_draft": p_d, "step_ratio": raw,
-                               "step_accepted": accept.float()})
+        return (r >= self.r_min) & (u < r), {"p_target": p_t, "p_draft": p_d, "step_ratio": raw}

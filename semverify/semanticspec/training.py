@@ -164,7 +164,8 @@ def train_pair(data: dict, draft_model: str, target_model: str, width: int = 512
         "ratio_rule": [_ratio_rule(signals["probe_ratio"], label_t, r_min) for r_min in R_MIN_GRID],
     }
     pair = hashlib.sha256(json.dumps(report, sort_keys=True).encode()).hexdigest()[:16]
-    for probe, role, metrics in ((draft, "draft", report["draft"]), (target, "target", report["target_on_draft_steps"])):
+    roles = ((draft, "draft", report["draft"]), (target, "target", report["target_on_draft_steps"]))
+    for probe, role, metrics in roles:
         probe.meta.update({"role": role, "pair": pair, "base_rate": metrics["train"]["label_mean"],
                            "metrics": metrics, "feature": "emitting" if role == "draft" else "tokens"})
     report["pair"] = pair

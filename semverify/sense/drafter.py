@@ -6,31 +6,31 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ..drafters.base import BaseDrafter
 from ..sampling import Sampler
 from ..tree import draft_from_sequences, merge_sequences
 from ..types import Draft
 from .datastore import Datastore
 
 
-class RetrievalDrafter:
+class RetrievalDrafter(BaseDrafter):
     """Drafts up to ``num_candidates`` continuations (each at most k tokens) as one tree.
 
     - lexical (REST): the longest suffix of the context, up to ``max_ngram`` tokens, matched exactly
       in the datastore corpus (its most frequent continuations first) and in the context itself;
-      score ``alpha * n / max_ngram``.
+      score ``lexical_weight * n / max_ngram``.
     - semantic (SEN, DReSD): cosine nearest neighbours of the target's hidden state at the last
       accepted position, among static keys and the keys of this generation's accepted positions (the
       dynamic store). The state predicted the token just emitted, so a neighbour is kept only if its
-      next corpus token equals that token (DReSD's filter); score ``beta * cosine``.
-    ``alpha >> beta`` ranks exact matches first with cosine as the tie-break, as SENSE's Eq. 8 does.
+      next corpus token equals that token (DReSD's filter); score ``semantic_weight * cosine``.
+    ``lexical_weight >> semantic_weight`` ranks exact matches first with cosine as the tie-break, as SENSE's Eq. 8 does.
     Candidates join the trie in rank order while it stays within ``max_nodes`` tokens (measured here:
     a 1.5B forward over 64 tokens costs 1.7x one over 1 token on 2 CPU cores).
     """
 
-    gives_probs = False
-
     def __init__(self, datastore: Datastore | None = None, num_candidates: int = 10, lexical: bool = True,
-                 semantic: bool = True, max_ngram: int = 8, alpha: float = 1.0, beta: float = 0.01,
+                 semantic: bool = True, max_ngram: int = 8, lexical_weight: float = 1.0,
+                 semantic_weight: float = 0.01,
                  pool: int = 64, dynamic: bool = True, max_nodes: int = 64) -> None:
         if not (lexical or semantic):
             raise ValueError("a retrieval drafter needs lexical or semantic retrieval (or both)")
@@ -39,7 +39,8 @@ class RetrievalDrafter:
         if min(num_candidates, max_ngram, pool, max_nodes) < 1:
             raise ValueError("num_candidates, max_ngram, pool and max_nodes must be >= 1")
         self.store, self.n, self.lexical, self.semantic = datastore, num_candidates, lexical, semantic
-        self.max_ngram, self.alpha, self.beta, self.pool, self.dynamic = max_ngram, alpha, beta, pool, dynamic
+        self.max_ngram, self.pool, self.dynamic = max_ngram, pool, dynamic
+        self.lexical_weight, self.semantic_weight = lexical_weight, semantic_weight
         self.max_nodes = max_nodes
         self.needs_target_hidden = semantic
         self.reset(None)
@@ -84,11 +85,11 @@ class RetrievalDrafter:
             suffix = seq[-n:]
             if self.store is not None:
                 for pos in self.store.suffix_matches(suffix, self.n).tolist():
-                    self._add(scored, self.store.continuation(pos, k), self.alpha * n / self.max_ngram
-                              + self.beta * self._cosine_at(pos - 1))
+                    self._add(scored, self.store.continuation(pos, k), self.lexical_weight * n / self.max_ngram
+                              + self.semantic_weight * self._cosine_at(pos - 1))
             windows = np.lib.stride_tricks.sliding_window_view(context[:-1], n)
             for start in np.nonzero((windows == context[-n:]).all(axis=1))[0][::-1][: self.n].tolist():
-                self._add(scored, seq[start + n : start + n + k], self.alpha * n / self.max_ngram)
+                self._add(scored, seq[start + n : start + n + k], self.lexical_weight * n / self.max_ngram)
             if len(scored) >= self.n:
                 return
 
@@ -99,14 +100,14 @@ class RetrievalDrafter:
             for c, i in zip(cos.tolist(), idx.tolist()):
                 cont = self.store.continuation(int(self.store.positions[i]), k + 1)
                 if len(cont) > 1 and cont[0] == last:
-                    self._add(scored, cont[1:], self.beta * c)
+                    self._add(scored, cont[1:], self.semantic_weight * c)
         if self.dynamic and self.dyn_keys:
             keys = torch.stack(self.dyn_keys)
             cos = keys @ self.query
             for c, j in zip(*(t.tolist() for t in torch.topk(cos, min(self.pool, len(cos))))):
                 pos = self.dyn_pos[j]
                 if pos < len(seq) - 1 and seq[pos] == last:
-                    self._add(scored, seq[pos + 1 : pos + 1 + k], self.beta * c)
+                    self._add(scored, seq[pos + 1 : pos + 1 + k], self.semantic_weight * c)
 
     def _cosine_at(self, entry_position: int) -> float:
         """Cosine between the query and the static key stored for corpus position ``entry_position``."""

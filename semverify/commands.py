@@ -1,0 +1,57 @@
+"""Subcommands of the ``semverify`` command line, and the rules they share.
+
+A command is a name, a help line, a function that adds its arguments and one that runs it. The library
+has its own (``generate``, ``rules``, ``models``); other packages add theirs under the entry-point
+group ``semverify.commands`` (the evaluation harness registers ``compare``, ``report`` and the
+others), so the library never imports them. Bad input ends a command with one line on stderr that
+names the argument or file and what to do, and exit status 2; ``--debug`` shows the traceback instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from typing import Callable
+
+from .models import ModelPackageMissing
+
+GROUP = "semverify.commands"
+# what bad input raises; other exceptions are bugs and keep their traceback
+USER_ERRORS = (ValueError, FileNotFoundError, NotImplementedError, ModelPackageMissing)
+
+
+@dataclass(frozen=True)
+class Command:
+    name: str
+    help: str
+    configure: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int | None]
+
+
+class CommandFailed(SystemExit):
+    """A command stopped on bad input: exit status 2, and ``str()`` is the one-line message."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.code = 2
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def key_value(text: str) -> tuple[str, object]:
+    """argparse type: ``key=value`` with the value typed (int, float, bool or str)."""
+    from .registry import parse_param
+
+    try:
+        return parse_param(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None

@@ -1,0 +1,263 @@
+"""semverify compare/report: resumable rows, sharding, clear errors before any model loads."""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from evals.env import machine
+from evals.report import mcnemar, report, summarise, wilson
+from evals.rows import RowWriter, read_rows
+from semverify.cli import main
+from semverify.registry import Method, get_method, load_methods, parse_method
+from tests.helpers import REPO, byte_tokenizer, tiny_model
+
+METHODS = "vanilla,sd,pld,typical"
+
+
+def compare_args(checkpoint, out, limit=4, extra=()):
+    return ["compare", "--target", str(checkpoint), "--draft", str(checkpoint), "--methods", METHODS,
+            "--data", "sample", "--limit", str(limit), "--max-new-tokens", "24", "--dtype", "float32",
+            "--out", str(out), *extra]
+
+
+def comparable(rows):
+    """Rows without timings, keyed by (problem, method), for comparing runs."""
+    drop = {"draft_time", "verify_time", "total_time", "tok_s"}
+    return {(r["id"], r["method"]): {k: v for k, v in r.items() if k not in drop} for r in rows}
+
+
+def test_method_parsing_and_errors():
+    assert parse_method("sd") == get_method("sd")
+    m = parse_method("typical:posterior_threshold=0.2,k=3")
+    assert m.k == 3 and m.rule_params == {"posterior_threshold": 0.2} and not m.lossless()
+    assert [x.name for x in load_methods("vanilla,typical:posterior_threshold=0.2,k=3,pld")] == [
+        "vanilla", "typical:posterior_threshold=0.2,k=3", "pld"]
+    with pytest.raises(ValueError, match="unknown method 'nope'"):
+        parse_method("nope")
+    with pytest.raises(ValueError, match="unknown acceptance rule"):
+        Method("x", "model", "no-such-rule").checked(None)
+    with pytest.raises(ValueError, match="expected key=value"):
+        parse_method("typical:0.2")
+    with pytest.raises(ValueError, match="method names must be unique"):
+        load_methods("sd,sd")
+
+
+def test_method_configs_combine_in_order():
+    configs = [REPO / "evals/configs/gsm8k-sense.json", REPO / "evals/configs/gsm8k-sense-id.json"]
+    methods = load_methods("vanilla", configs[1:])
+    assert [m.name for m in methods] == ["vanilla", "rest_id", "sense_id"]
+    names = [m.name for m in load_methods(None, configs)]
+    assert names[:6] == ["vanilla", "pld", "rest", "sense_no_sen", "sense_no_se", "sense"] and names[6:] == [
+        "rest_id", "sense_id"]
+    assert load_methods(None, str(configs[1])) == methods[1:]  # one path alone, as a string
+
+
+def test_drafter_settings_go_to_the_retrieval_drafter_only():
+    m = parse_method("sense:drafter.max_nodes=24,drafter.num_candidates=4,theta_e=0.1")
+    assert m.drafter_params == {"max_nodes": 24, "num_candidates": 4} and m.rule_params == {"theta_e": 0.1}
+    assert m.to_dict()["drafter_params"] == m.drafter_params and "drafter_params" not in get_method("sd").to_dict()
+    with pytest.raises(ValueError, match="unknown drafter settings nodes"):
+        parse_method("sense:drafter.nodes=3")
+    with pytest.raises(ValueError, match="known: .*max_nodes"):
+        parse_method("rest:drafter.semantic=true")  # REST's switch is fixed by the method
+    with pytest.raises(ValueError, match="drafter 'model' takes no settings"):
+        parse_method("sd:drafter.max_nodes=3")
+
+
+def test_rule_the_drafter_cannot_serve_is_refused(monkeypatch):
+    from semverify import registry
+    from semverify.registry import register_rule
+    from semverify.rules import SpeculativeSampling
+
+    monkeypatch.setattr(registry, "_RULES", dict(registry._RULES))  # the test rule does not outlive the test
+    class NeedsProbs(SpeculativeSampling):
+        name = "needs-probs-test"
+        needs_draft_probs = True
+
+    register_rule("needs-probs-test", NeedsProbs)
+    with pytest.raises(ValueError, match="needs draft probabilities.*prompt_lookup"):
+        Method("bad", "prompt_lookup", "needs-probs-test").checked(None)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--methods", "vanilla,bogus"], "unknown method 'bogus'"),
+    (["--data", "/no/such/file.jsonl"], "GSM8K data file not found"),
+    (["--benchmark", "mmlu"], "unknown benchmark 'mmlu'"),
+])
+def test_input_errors_come_before_model_loading(tmp_path, capsys, args, message):
+    # the target does not exist: reaching model loading would raise a different error
+    with pytest.raises(SystemExit) as exit_info:
+        main(["compare", "--target", "/no/such/model", "--out", str(tmp_path / "run"), *args])
+    assert message in str(exit_info.value)
+
+
+def test_torn_last_line_is_dropped_and_duplicates_ignored(tmp_path):
+    path = tmp_path / "rows.rank0.jsonl"
+    path.write_text(json.dumps({"id": 0, "method": "a"}) + "\n" + '{"id": 1, "meth')
+    assert [r["id"] for r in read_rows(tmp_path)] == [0]
+    writer = RowWriter(path)
+    writer.write({"id": 1, "method": "a"})
+    writer.write({"id": 0, "method": "a", "again": True})
+    writer.close()
+    rows = read_rows(tmp_path)
+    assert sorted(r["id"] for r in rows) == [0, 1] and not any(r.get("again") for r in rows)
+
+
+def test_statistics_helpers():
+    lo, hi = wilson(0, 10)
+    assert lo == 0 and 0.27 < hi < 0.29
+    assert wilson(10, 10)[1] == 1.0
+    result = mcnemar([True] * 10 + [False] * 10, [True] * 10 + [True] * 10)
+    assert result["only_method"] == 10 and result["only_reference"] == 0 and result["p_value"] < 0.01
+
+
+def test_per_step_scores_are_summarised_by_quantiles():
+    from evals.report import _rule_events, _score_summary
+
+    rows = [{"scores": {"step_ratio": [0.5, 1.5, 2.0]}}, {"scores": {"step_ratio": [1.2]}}, {"scores": {}}]
+    q = _score_summary(rows)["step_ratio"]
+    assert q["n"] == 4 and q["min"] == 0.5 and q["max"] == 2.0 and q["share_below_1"] == 0.25
+    assert q["median"] == 1.35 and q["p10"] < q["median"] < q["p90"]
+    line = _rule_events({"methods": {"ss": {"reasons": {}, "scores": {"step_ratio": q}}}})[-1]
+    assert line.startswith("- `ss` step_ratio over 4 steps: min 0.5,") and line.endswith("25.0% below 1")
+    flags = _score_summary([{"scores": {"step_accepted": [1.0, 0.0, 1.0]}}, {"scores": {"step_accepted": [1.0]}}])
+    line = _rule_events({"methods": {"ss": {"reasons": {}, "scores": flags}}})[-1]
+    assert line == "- `ss` step_accepted: 3 of 4 steps (75.0%)"
+
+
+def test_compare_report_and_resume_after_kill(tiny_checkpoint, tmp_path):
+    clean = tmp_path / "clean"
+    main(compare_args(tiny_checkpoint, clean))
+    expected = comparable(read_rows(clean))
+    assert len(expected) == 4 * 4
+    assert {r["machine"] for r in read_rows(clean)} == {machine()}  # timings are compared within one machine
+    text = (clean / "report.md").read_text()
+    assert "| vanilla | yes |" in text and "| typical | no |" in text
+    assert f"target `{tiny_checkpoint}`, draft `{tiny_checkpoint}`, float32, greedy" in text
+    assert (clean / "accuracy_vs_speedup.png").stat().st_size > 0
+    assert (clean / "acceptance_by_position.png").stat().st_size > 0
+    summary = json.loads((clean / "summary.json").read_text())
+    assert summary["methods"]["sd"]["accuracy"]["strict"]["n"] == 4
+    # fp32, target as its own draft: the lossless methods write the target's text, which the report says
+    assert summary["methods"]["sd"]["paired"]["vanilla"]["identical"] == 4
+    assert "`sd` = `vanilla` on 4 of 4" in text
+
+    crashed = tmp_path / "crashed"
+    cmd = [sys.executable, "-m", "semverify.cli", *compare_args(tiny_checkpoint, crashed, extra=["--no-report"])]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    rows_file = crashed / "rows.rank0.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline and not (rows_file.exists() and rows_file.read_text().count("\n") >= 3):
+        time.sleep(0.02)
+    assert proc.poll() is None, "the run finished before the kill landed: the resume below would test nothing"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert 3 <= rows_file.read_text().count("\n") < 16  # killed mid-run
+    with rows_file.open("a") as f:  # as if the kill had landed in the middle of a write
+        f.write('{"id": 3, "method": "sd", "out')
+    main(compare_args(tiny_checkpoint, crashed))
+    assert comparable(read_rows(crashed)) == expected
+    lines = [line for line in rows_file.read_text().splitlines() if line.startswith("{")]
+    keys = [(json.loads(line)["id"], json.loads(line)["method"]) for line in lines if line.endswith("}")]
+    assert len(keys) == len(set(keys)) == 16
+    spec = json.loads((crashed / "run.json").read_text())  # the resume is on record, with the code that ran
+    assert len(spec["resumed"]) == 1 and re.fullmatch(r"[0-9a-f]{40}( \+ local changes)?", spec["resumed"][0]["code"])
+
+
+def test_resume_with_other_settings_is_refused(tiny_checkpoint, tmp_path):
+    main(compare_args(tiny_checkpoint, tmp_path / "run", limit=1, extra=["--no-report"]))
+    with pytest.raises(SystemExit, match="other settings"):
+        main(compare_args(tiny_checkpoint, tmp_path / "run", limit=2))
+
+
+def test_methods_can_be_added_to_an_existing_run(tiny_checkpoint, tmp_path):
+    run = tmp_path / "run"
+    args = ["compare", "--target", str(tiny_checkpoint), "--draft", str(tiny_checkpoint), "--data", "sample",
+            "--limit", "2", "--max-new-tokens", "8", "--dtype", "float32", "--out", str(run), "--no-report"]
+    main([*args, "--methods", "vanilla,sd"])
+    before = comparable(read_rows(run))
+    main([*args, "--methods", "typical:posterior_threshold=0.2"])  # only the new method runs
+    spec = json.loads((run / "run.json").read_text())
+    assert [m["name"] for m in spec["methods"]] == ["vanilla", "sd", "typical:posterior_threshold=0.2"]
+    assert spec["added"][0]["methods"] == ["typical:posterior_threshold=0.2"]
+    assert "date" in spec["added"][0]["environment"]
+    after = comparable(read_rows(run))
+    assert {k: after[k] for k in before} == before and len(after) == 6
+    assert summarise(run)["problems"] == 2
+    config = tmp_path / "methods.json"  # the same name with another definition is refused
+    config.write_text(json.dumps({"methods": [{"name": "sd", "drafter": "model", "rule": "typical"}]}))
+    with pytest.raises(SystemExit, match="other definitions of sd"):
+        main([*args, "--methods", "vanilla", "--config", str(config)])
+
+
+def test_two_process_shards_merge_to_the_single_process_rows(tiny_checkpoint, tmp_path):
+    single = tmp_path / "single"
+    main(compare_args(tiny_checkpoint, single, extra=["--no-report"]))
+    sharded = tmp_path / "sharded"
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+           "-m", "semverify.cli", *compare_args(tiny_checkpoint, sharded)]
+    subprocess.run(cmd, cwd=REPO, check=True, capture_output=True, timeout=600,
+                   env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert sorted(p.name for p in sharded.glob("rows.rank*.jsonl")) == ["rows.rank0.jsonl", "rows.rank1.jsonl"]
+    assert comparable(read_rows(sharded)) == comparable(read_rows(single))
+    report(sharded)
+    assert "4 problems" in (sharded / "report.md").read_text()
+
+
+def test_draft_alone_decodes_with_the_draft_model(tiny_checkpoint, tmp_path):
+    other = tmp_path / "other-checkpoint"  # a different random model as the draft
+    tok = byte_tokenizer()
+    model = tiny_model(1, arch="llama", vocab=len(tok))
+    model.config.eos_token_id = model.generation_config.eos_token_id = tok.eos_token_id
+    model.save_pretrained(other)
+    tok.save_pretrained(other)
+    common = ["--data", "sample", "--limit", "2", "--max-new-tokens", "12", "--dtype", "float32", "--no-report"]
+    main(["compare", "--target", str(tiny_checkpoint), "--draft", str(other), "--methods", "vanilla,draft_alone",
+          "--out", str(tmp_path / "pair"), *common])
+    main(["compare", "--target", str(other), "--methods", "vanilla", "--out", str(tmp_path / "draft"), *common])
+    pair, alone = read_rows(tmp_path / "pair"), read_rows(tmp_path / "draft")
+    def outputs(rows, name):
+        return [r["output"] for r in sorted(rows, key=lambda r: r["id"]) if r["method"] == name]
+
+    assert outputs(pair, "draft_alone") == outputs(alone, "vanilla") != outputs(pair, "vanilla")
+    assert not get_method("draft_alone").lossless() and get_method("vanilla").lossless()
+    assert get_method("draft_alone").to_dict()["decoder"] == "draft"
+    assert "decoder" not in get_method("vanilla").to_dict()
+    with pytest.raises(ValueError, match="takes drafter 'none'"):
+        Method("x", "model", decoder="draft")
+    with pytest.raises(ValueError, match="decoder must be"):
+        Method("x", "none", decoder="both")
+
+
+def test_speedups_compare_rows_of_one_machine_only(tmp_path):
+    def row(i, method, tok_s, machine):
+        return {"id": i, "method": method, "output": "x", "grades": {"strict": False, "flexible": True,
+                "math_verify": True}, "new_tokens": 10, "steps": 10, "drafted": 0, "accepted": 0,
+                "drafted_per_position": [], "accepted_per_position": [], "reasons": {}, "scores": {},
+                "total_time": 1.0, "tok_s": tok_s, "machine": machine}
+
+    env = {"cpu": "slow cpu", "torch_threads": 2, "date": "d"}
+    settings = {"target": "t", "draft": "d", "dtype": "float32", "benchmark": "gsm8k", "data": "sample",
+                "template": "chat", "max_new_tokens": 8, "do_sample": False, "temperature": 1.0, "top_k": None,
+                "top_p": None, "seed": 0}
+    (tmp_path / "run.json").write_text(json.dumps({
+        "settings": settings, "environment": env, "resumed": [{**env, "cpu": "fast cpu"}],
+        "methods": [get_method("vanilla").to_dict(), get_method("draft_alone").to_dict()]}))
+    writer = RowWriter(tmp_path / "rows.rank0.jsonl")
+    for i in range(3):  # problem 2's draft_alone row was written after a resume on a faster machine
+        writer.write(row(i, "vanilla", 4.0, "slow cpu"))
+        writer.write(row(i, "draft_alone", 40.0 if i == 2 else 8.0, "fast cpu" if i == 2 else "slow cpu"))
+    writer.close()
+    summary = summarise(tmp_path)
+    alone = summary["methods"]["draft_alone"]
+    assert alone["speedup_median"] == 2.0 and alone["speedup_problems"] == 2 and alone["accuracy"]["strict"]["n"] == 3
+    text = report(tmp_path)
+    assert "machine: slow cpu (resumed on fast cpu)" in text
+    assert "speedup of `draft_alone` over 2 of 3 problems" in text and "speedup of `vanilla`" not in text

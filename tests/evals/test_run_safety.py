@@ -1,0 +1,97 @@
+"""Runs that cannot lose or mix rows: settings checked on every shard, files pinned by content, the torn
+line cut before the done-set is read, one writer per shard, broken lines reported, machines compared."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from evals.report import summarise
+from evals.rows import RowWriter, read_rows
+from semverify.cli import main
+from semverify.registry import get_method
+from tests.helpers import REPO  # noqa: F401  (the harness runs from the repository)
+
+
+def args(checkpoint, out, data="sample", limit=2, extra=()):
+    return ["compare", "--target", str(checkpoint), "--draft", str(checkpoint), "--methods", "vanilla,pld",
+            "--data", str(data), "--limit", str(limit), "--max-new-tokens", "8", "--dtype", "float32",
+            "--out", str(out), "--no-report", *extra]
+
+
+def test_every_shard_checks_the_settings(tiny_checkpoint, tmp_path, monkeypatch):
+    main(args(tiny_checkpoint, tmp_path / "run"))
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(SystemExit, match="other settings"):  # rank 1 of a resume with another seed
+        main(args(tiny_checkpoint, tmp_path / "run", extra=["--seed", "3"]))
+
+
+def test_a_data_file_that_changed_is_refused(tiny_checkpoint, tmp_path):
+    data = tmp_path / "dev.jsonl"
+    rows = [{"question": f"What is {a} + 1?", "answer": f"#### {a + 1}"} for a in range(3)]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    main(args(tiny_checkpoint, tmp_path / "run", data, limit=2))
+    run = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert list(run["pins"]["data"]) == [str(data)]
+    rows[0]["answer"] = "#### 7"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(SystemExit, match=f"{data} \\(the data\\) changed since this run started"):
+        main(args(tiny_checkpoint, tmp_path / "run", data, limit=2))
+
+
+def test_a_resume_with_other_code_says_so(tiny_checkpoint, tmp_path, monkeypatch, capsys):
+    main(args(tiny_checkpoint, tmp_path / "run", limit=1))
+    monkeypatch.setattr("evals.runner.code_version", lambda: "other-code")
+    main(args(tiny_checkpoint, tmp_path / "run", limit=1))
+    assert "with code other-code" in capsys.readouterr().err
+
+
+def test_a_complete_row_without_its_newline_is_not_lost(tiny_checkpoint, tmp_path):
+    out = tmp_path / "run"
+    main(args(tiny_checkpoint, out))
+    path = out / "rows.rank0.jsonl"
+    lines = path.read_text().splitlines()
+    path.write_text("\n".join(lines))  # the last row complete, its newline never written
+    main(args(tiny_checkpoint, out))
+    keys = [(json.loads(line)["id"], json.loads(line)["method"]) for line in path.read_text().splitlines()]
+    assert len(keys) == len(set(keys)) == 4  # the cut row was run again, not counted as done and then cut
+
+
+def test_two_runs_cannot_write_one_folder(tiny_checkpoint, tmp_path):
+    out = tmp_path / "run"
+    with RowWriter(out / "rows.rank0.jsonl"):
+        with pytest.raises(SystemExit, match="another run is writing"):
+            main(args(tiny_checkpoint, out))
+    main(args(tiny_checkpoint, out))  # the lock went with the first writer
+
+
+def test_a_broken_line_in_the_middle_is_an_error(tmp_path):
+    path = tmp_path / "rows.rank0.jsonl"
+    path.write_text('{"id": 0, "method": "a"}\n{"id": 1, "meth\n{"id": 2, "method": "a"}\n')
+    with pytest.raises(ValueError, match="rows.rank0.jsonl, line 2: a broken row"):
+        read_rows(tmp_path)
+    path.write_text('{"id": 0, "method": "a"}\n{"id": 1, "meth')  # a torn last line is only skipped
+    assert [r["id"] for r in read_rows(tmp_path)] == [0]
+
+
+def test_rows_without_a_machine_are_never_timed_against_each_other(tmp_path):
+    def row(i, method, tok_s):
+        return {"id": i, "method": method, "output": "x", "grades": {"strict": False, "flexible": True,
+                "math_verify": True}, "new_tokens": 10, "steps": 10, "drafted": 0, "accepted": 0,
+                "drafted_per_position": [], "accepted_per_position": [], "reasons": {}, "scores": {},
+                "total_time": 1.0, "tok_s": tok_s}  # written before rows recorded their machine
+
+    settings = {"target": "t", "draft": "d", "dtype": "float32", "benchmark": "gsm8k", "data": "sample",
+                "template": "chat", "max_new_tokens": 8, "do_sample": False, "temperature": 1.0, "top_k": None,
+                "top_p": None, "seed": 0}
+    (tmp_path / "run.json").write_text(json.dumps({
+        "settings": settings, "environment": {"cpu": "c"},
+        "methods": [get_method("vanilla").to_dict(), get_method("pld").to_dict()]}))
+    with RowWriter(tmp_path / "rows.rank0.jsonl") as writer:
+        for i in range(2):
+            writer.write(row(i, "vanilla", 4.0))
+            writer.write(row(i, "pld", 8.0))
+    pld = summarise(tmp_path)["methods"]["pld"]
+    assert pld["speedup_problems"] == 0 and pld["speedup_median"] == 0.0

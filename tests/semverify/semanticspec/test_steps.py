@@ -1,0 +1,148 @@
+"""Step-level rules: the token veto and the two baselines on tensors, and each rule's reject-everything
+limit through the loop, which must be exactly target decoding (fp32)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from semverify import get_rule, speculative_generate
+from semverify.semanticspec import SemanticProbe, SpecReason, StepDrafter, StepLikelihood, StepSegmenter, token_veto
+from semverify.semanticspec.baselines import digit_ids, judge_suffix
+from semverify.semanticspec.steps import StepRule
+from semverify.types import StepDraft, StepTokensDraft, VerifyInput
+from tests.helpers import byte_tokenizer, tiny_model
+
+TOK = byte_tokenizer()
+
+
+def step_input(tokens: list[int], probs: list[list[float]], extend=None) -> VerifyInput:
+    """A drafted step of ``tokens`` whose target distributions (one row per step token, plus the next) are ``probs``."""
+    logits = torch.tensor(probs, dtype=torch.float).clamp_min(1e-12).log()[None]
+    draft = StepDraft(tokens=torch.tensor([tokens]), pooled_hidden=torch.zeros(1, 4))
+    return VerifyInput(draft, logits, False, None, torch.Generator().manual_seed(0), extend=extend)
+
+
+# four-token vocabulary: the step is [0, 1]; the target is sure of token 0, then unsure between 1 and 2
+SURE = [0.97, 0.01, 0.01, 0.01]
+UNSURE = [0.05, 0.40, 0.50, 0.05]
+NEXT = [0.25, 0.25, 0.25, 0.25]
+
+
+def test_token_veto_top_k_and_confident_floor():
+    x = step_input([0, 1], [SURE, UNSURE, NEXT])
+    assert token_veto(x) == {}  # switched off by default
+    assert not token_veto(x, top_k=2)["veto_topk"].item()  # token 1 is the target's second choice
+    assert token_veto(x, top_k=1)["veto_topk"].item()
+    y = step_input([1, 1], [SURE, UNSURE, NEXT])  # token 1 where the target is 97% sure of token 0
+    assert token_veto(y, confidence=0.9, floor=0.05)["veto_floor"].item()
+    assert not token_veto(y, confidence=0.99, floor=0.05)["veto_floor"].item()  # not confident enough to veto
+    assert not token_veto(x, confidence=0.9, floor=0.05)["veto_floor"].item()  # token 0 is the sure choice
+
+
+class CountingRule(StepRule):
+    name = "counting"
+
+    def __init__(self, **veto):
+        super().__init__(**veto)
+        self.judged = 0
+
+    def judge(self, x):
+        self.judged += 1
+        return torch.ones(1, dtype=torch.bool), {"judged": torch.ones(1)}
+
+
+def test_a_vetoed_step_is_rejected_before_the_judge_runs():
+    rule = CountingRule(veto_top_k=1)
+    v = rule(step_input([0, 1], [SURE, UNSURE, NEXT]))
+    assert rule.judged == 0 and int(v.n_accepted) == 0 and int(v.next_token) == 0  # the target's own first token
+    assert v.reasons["veto_topk"].tolist() == [[True, False]] and v.reasons["step_rejected"].tolist() == [[True, False]]
+    v = CountingRule(veto_top_k=2)(step_input([0, 1], [SURE, UNSURE, NEXT]))
+    assert int(v.n_accepted) == 2 and not v.reasons["veto_topk"].any() and v.scores["step_accepted"].item() == 1
+    with pytest.raises(ValueError, match="veto_top_k"):
+        CountingRule(veto_top_k=0)
+
+
+def test_token_drafts_of_a_step_the_target_writes_go_to_the_token_rule():
+    x = step_input([0, 2], [SURE, UNSURE, NEXT])
+    x.draft = StepTokensDraft(tokens=x.draft.tokens)
+    v = CountingRule(veto_top_k=1)(x)  # greedy token-level verification: 0 matches, 2 is the argmax
+    assert int(v.n_accepted) == 2 and "exact" in v.reasons
+
+
+def test_step_likelihood_thresholds():
+    x = step_input([0, 1], [SURE, UNSURE, NEXT])
+    mean = (math.log(0.97) + math.log(0.40)) / 2
+    v = StepLikelihood(min_mean_logprob=mean - 0.01)(x)
+    assert int(v.n_accepted) == 2 and v.scores["step_mean_logprob"].item() == pytest.approx(mean, abs=1e-5)
+    assert v.scores["step_min_prob"].item() == pytest.approx(0.40, abs=1e-5)
+    assert int(StepLikelihood(min_mean_logprob=mean + 0.01)(x).n_accepted) == 0
+    assert int(StepLikelihood(min_token_prob=0.41)(x).n_accepted) == 0
+    assert int(StepLikelihood(min_token_prob=0.39)(x).n_accepted) == 2
+    with pytest.raises(ValueError, match="min_mean_logprob"):
+        StepLikelihood(min_mean_logprob=float("nan"))
+
+
+def fake_extend(score_token: int, weight: float = 8.0):
+    """An ``extend`` whose last row puts most mass on ``score_token`` (the target's answer to the judge)."""
+    def extend(tokens):
+        logits = torch.zeros(tokens.shape[0], tokens.shape[1], len(TOK))
+        logits[:, -1, score_token] = weight
+        return logits
+    return extend
+
+
+def test_specreason_reads_the_score_of_the_judging_turn():
+    digits = digit_ids(TOK)
+    suffix = TOK.decode(judge_suffix(TOK))
+    assert suffix.startswith("<|im_end|>\n<|im_start|>user\nEvaluate the last reasoning step")
+    assert suffix.endswith("<|im_start|>assistant\nI think the quality score is: ")
+    asked = []
+
+    def extend(tokens):
+        asked.append(TOK.decode(tokens[0]))
+        return fake_extend(digits[8])(tokens)
+
+    x = step_input([0, 1], [SURE, UNSURE, NEXT], extend)
+    v = SpecReason(TOK, threshold=7.0)(x)
+    assert asked == [suffix] and int(v.n_accepted) == 2 and 7.5 < v.scores["judge_score"].item() < 8.0
+    assert int(SpecReason(TOK, threshold=8.5)(x).n_accepted) == 0
+    greedy = SpecReason(TOK, threshold=8, score="greedy")(x)
+    assert greedy.scores["judge_score"].item() == 8 and int(greedy.n_accepted) == 2
+    not_a_digit = step_input([0, 1], [SURE, UNSURE, NEXT], fake_extend(TOK("x").input_ids[0]))
+    assert SpecReason(TOK, threshold=0.5, score="greedy")(not_a_digit).scores["judge_score"].item() == 0
+    with pytest.raises(ValueError, match="extend"):
+        SpecReason(TOK)(step_input([0, 1], [SURE, UNSURE, NEXT]))
+    with pytest.raises(ValueError, match="tokenizer"):
+        get_rule("specreason")
+
+
+def reject_everything():
+    """Each step rule at its reject-everything setting (veto settings included)."""
+    pair = {"pair": "tiny"}
+    target_probe, draft_probe = SemanticProbe(32, width=4, meta=pair), SemanticProbe(32, width=4, meta=pair)
+    return {
+        "semanticspec r_min > 1": get_rule("semanticspec", draft_probe=draft_probe, target_probe=target_probe,
+                                           r_min=1.5),
+        "step_likelihood mean > 0": StepLikelihood(min_mean_logprob=0.1),
+        "step_likelihood min prob > 1": StepLikelihood(min_token_prob=1.1),
+        "specreason threshold > 9": SpecReason(TOK, threshold=9.5),
+        "veto top-1 on a random pair": StepLikelihood(veto_top_k=1, veto_confidence=0.0, veto_floor=1.0),
+    }
+
+
+@pytest.mark.parametrize("name", list(reject_everything()))
+@pytest.mark.parametrize("seed", [0, 1])
+def test_rejecting_every_step_is_target_decoding(name, seed):
+    rule = reject_everything()[name]
+    target = tiny_model(seed, arch="llama", vocab=len(TOK))
+    draft = tiny_model(seed + 20, arch="llama", vocab=len(TOK))
+    ids = TOK("Question: what is 2 + 2?", return_tensors="pt").input_ids
+    expected = target.generate(ids, do_sample=False, max_new_tokens=40)
+    drafter = StepDrafter(draft, StepSegmenter(TOK, stops=("\ufffd", " ", "e"), max_step_tokens=6), token_k=3,
+                          target_first_step=False)
+    out, stats = speculative_generate(target, ids, drafter=drafter, rule=rule, num_draft_tokens=6, max_new_tokens=40)
+    assert torch.equal(out, expected)
+    assert stats.reasons["step_rejected"] > 0 and stats.reasons["step"] == 0

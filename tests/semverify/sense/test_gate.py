@@ -1,0 +1,134 @@
+"""SENSE's soft gate and FLy's deferred window on hand-built tensors, and their exact-greedy limits."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from semverify import ModelDrafter, generate, get_rule
+from semverify.rules import GreedyMatch
+from semverify.sense import DeferredWindow, SoftGate, isolated_mismatch
+from semverify.types import Draft, VerifyInput
+from tests.helpers import TINY_VOCAB, tiny_model
+
+
+def verify_input(tokens, logits) -> VerifyInput:
+    return VerifyInput(draft=Draft(tokens=torch.as_tensor([tokens])), target_logits=logits[None], do_sample=False)
+
+
+def peaked(argmax: int, vocab: int = 10, height: float = 20.0) -> torch.Tensor:
+    """Logits of a confident target (normalised entropy ~ 0)."""
+    return torch.nn.functional.one_hot(torch.tensor(argmax), vocab).float() * height
+
+
+def unsure(order: list[int], vocab: int = 10) -> torch.Tensor:
+    """Logits of an unsure target whose likeliest tokens are ``order`` (first = argmax)."""
+    logits = torch.zeros(vocab)
+    for rank, tok in enumerate(order):
+        logits[tok] = 1.0 - 0.1 * rank
+    return logits
+
+
+@pytest.mark.parametrize("exact, window, expected", [
+    ([0, 1, 1, 1], 4, [1, 0, 0, 0]),   # [x, v, v, v]: the lone mismatch at 0 has a full clean window
+    ([0, 1, 0, 1], 4, [0, 0, 0, 0]),   # a second mismatch inside the window
+    ([1, 0, 1, 1, 1], 3, [0, 1, 1, 0, 0]),  # windows of 3 fit at 0..2; 0's window holds 1's mismatch
+    ([0, 1, 1], 4, [0, 0, 0]),         # the draft is shorter than the window
+    ([0, 1], 0, [0, 0]),               # window 0: no rescue
+])
+def test_isolated_mismatch(exact, window, expected):
+    got = isolated_mismatch(torch.tensor([exact], dtype=torch.bool), window)
+    assert got.long().tolist() == [expected]
+
+
+def test_topk_rescue_needs_an_unsure_target():
+    logits = torch.stack([unsure([3, 5, 7]), peaked(4), peaked(0)])
+    v = SoftGate(theta_e=0.05, top_k=3, window=0)(verify_input([5, 4], logits))
+    assert int(v.n_accepted) == 2 and int(v.next_token) == 0
+    assert v.reasons["topk"].tolist() == [[True, False]] and v.reasons["exact"].tolist() == [[False, True]]
+    # the same token where the target is sure is rejected, and the target's token follows
+    v = SoftGate()(verify_input([5, 4], torch.stack([peaked(3), peaked(4), peaked(0)])))
+    assert int(v.n_accepted) == 0 and int(v.next_token) == 3
+    # outside the top-k: rejected even when unsure
+    v = SoftGate(top_k=2, window=0)(verify_input([7, 4], logits))
+    assert int(v.n_accepted) == 0 and int(v.next_token) == 3
+
+
+def test_window_rescue_of_an_isolated_mismatch():
+    vocab = 10
+    logits = torch.stack([unsure([1, 2, 3])] + [peaked(t) for t in (4, 5, 6, 0)])
+    draft = [9, 4, 5, 6]  # 9 is outside the top-3 at position 0, then three exact matches
+    v = SoftGate(theta_e=0.05, top_k=3, window=4)(verify_input(draft, logits))
+    assert int(v.n_accepted) == 4 and v.reasons["window"].tolist() == [[True, False, False, False]]
+    v = DeferredWindow(entropy_threshold=0.3, window=4)(verify_input(draft, logits))
+    assert int(v.n_accepted) == 4 and int(v.next_token) == 0
+    draft_bad = [9, 4, 8, 6]  # a second mismatch inside the window: no rescue
+    assert int(SoftGate(window=4)(verify_input(draft_bad, logits)).n_accepted) == 0
+    assert int(DeferredWindow(window=4)(verify_input(draft_bad, logits)).n_accepted) == 0
+    # FLy's hard reject: a confident position (top-3 entropy below the threshold)
+    sure = torch.stack([peaked(1, vocab, 8.0)] + [peaked(t) for t in (4, 5, 6, 0)])
+    assert int(DeferredWindow(window=4)(verify_input(draft, sure)).n_accepted) == 0
+
+
+@pytest.mark.parametrize("seed", range(30))
+@pytest.mark.parametrize("rule", [SoftGate(theta_e=1.0), DeferredWindow(window=0), SoftGate(top_k=0, window=0)])
+def test_lossless_limits_equal_greedy_matching(seed, rule):
+    g = torch.Generator().manual_seed(seed)
+    vocab, k = 6, 5
+    logits = torch.randn(k + 1, vocab, generator=g) * 0.3  # flat: every position is "unsure"
+    argmax = logits.argmax(-1)
+    tokens = torch.where(torch.rand(k, generator=g) < 0.6, argmax[:k], torch.randint(0, vocab, (k,), generator=g))
+    x = verify_input(tokens.tolist(), logits)
+    v = rule(x)
+    assert torch.equal(v.n_accepted, GreedyMatch()(x).n_accepted)
+    assert torch.equal(v.next_token, GreedyMatch()(x).next_token)
+
+
+def test_bad_parameters():
+    with pytest.raises(ValueError, match="theta_e"):
+        SoftGate(theta_e=1.5)
+    with pytest.raises(ValueError, match="top_k and window"):
+        SoftGate(top_k=-1)
+    with pytest.raises(ValueError, match="entropy_threshold"):
+        DeferredWindow(entropy_threshold=-1)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_sense_at_theta_one_equals_greedy_through_generate(seed):
+    target, draft = tiny_model(seed), tiny_model(seed + 10)
+    ids = torch.randint(0, TINY_VOCAB, (1, 12), generator=torch.Generator().manual_seed(seed))
+    ids = torch.cat([ids, ids], 1)  # repeats, so prompt lookup drafts
+    expected = target.generate(ids, do_sample=False, max_new_tokens=32)
+    for kwargs in (dict(prompt_lookup_num_tokens=6), dict(assistant_model=draft)):
+        out = generate(target, ids, rule=get_rule("sense", theta_e=1.0), max_new_tokens=32, **kwargs)
+        assert torch.equal(out, expected)
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_gates_keep_at_least_the_exact_prefix(seed):
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(7, 8, generator=g) * 2
+    tokens = torch.where(torch.rand(6, generator=g) < 0.7, logits[:6].argmax(-1),
+                         torch.randint(0, 8, (6,), generator=g))
+    x = verify_input(tokens.tolist(), logits)
+    exact = int(GreedyMatch()(x).n_accepted)
+    for rule in (SoftGate(), SoftGate(theta_e=0.0, top_k=8), DeferredWindow(), DeferredWindow(0.0, 2)):
+        assert int(rule(x).n_accepted) >= exact
+
+
+def test_rescues_happen_through_the_loop():
+    target = tiny_model(2, init_std=0.05)
+    ids = torch.randint(0, TINY_VOCAB, (1, 16), generator=torch.Generator().manual_seed(2))
+    draft = tiny_model(2, init_std=0.05)  # the target's weights plus noise: often in its top-3, not always first
+    with torch.no_grad():
+        for w in draft.parameters():
+            w.add_(torch.randn(w.shape, generator=torch.Generator().manual_seed(w.numel())) * 0.03)
+    exact, soft = (generate(target, ids, drafter=ModelDrafter(draft), rule=rule, max_new_tokens=32,
+                            num_assistant_tokens=4, return_dict_in_generate=True).spec_stats
+                   for rule in ("greedy", "sense"))
+    assert exact.reasons.keys() == {"exact"} and exact.accepted == exact.reasons["exact"]
+    assert soft.reasons["topk"] + soft.reasons["window"] > 0
+    assert math.isclose(soft.reasons["exact"] + soft.reasons.get("topk", 0) + soft.reasons.get("window", 0),
+                        soft.accepted)

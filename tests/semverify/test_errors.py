@@ -1,0 +1,109 @@
+"""Bad input gets a clear error that names the argument."""
+
+import pytest
+import torch
+
+from semverify import Draft, PromptLookupDrafter, generate
+from semverify.loop import speculative_generate
+from semverify.registry import get_rule
+from semverify.rules import SpeculativeSampling
+from tests.helpers import tiny_model
+
+IDS = torch.arange(10)[None]
+
+
+class NeedsProbs(SpeculativeSampling):
+    name = "needs-probs"
+    needs_draft_probs = True
+
+
+class TreeDrafter(PromptLookupDrafter):
+    def propose(self, input_ids, k, sampler=None, generator=None):
+        return Draft(tokens=torch.tensor([[1, 2]]), parents=torch.tensor([-1, -1]))
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_model(0)
+
+
+def test_different_vocabularies(target):
+    with pytest.raises(ValueError, match="assistant_model has a vocabulary of 80"):
+        generate(target, IDS, assistant_model=tiny_model(1, vocab=80), max_new_tokens=4)
+
+
+@pytest.mark.parametrize("k", [0, -2])
+def test_draft_length_below_one(target, k):
+    with pytest.raises(ValueError, match="num_assistant_tokens must be >= 1"):
+        generate(target, IDS, assistant_model=target, num_assistant_tokens=k, max_new_tokens=4)
+    with pytest.raises(ValueError, match="prompt_lookup_num_tokens must be >= 1"):
+        generate(target, IDS, prompt_lookup_num_tokens=k, max_new_tokens=4)
+
+
+def test_negative_max_new_tokens(target):
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        generate(target, IDS, max_new_tokens=-1)
+    with pytest.raises(ValueError, match="max_new_tokens must be >= 0"):
+        speculative_generate(target, IDS, drafter=PromptLookupDrafter(), rule=get_rule("greedy"),
+                             num_draft_tokens=2, max_new_tokens=-1)
+
+
+def test_empty_prompt(target):
+    with pytest.raises(ValueError, match="input_ids is empty"):
+        generate(target, torch.empty(1, 0, dtype=torch.long), max_new_tokens=4)
+
+
+def test_batch_above_one(target):
+    with pytest.raises(NotImplementedError, match="batch size 1"):
+        generate(target, torch.arange(10).reshape(2, 5), max_new_tokens=4)
+
+
+def test_rule_needs_probabilities_the_drafter_lacks(target):
+    with pytest.raises(ValueError, match="needs draft probabilities.*PromptLookupDrafter"):
+        generate(target, IDS, rule=NeedsProbs(), prompt_lookup_num_tokens=3, max_new_tokens=4)
+
+
+def test_unknown_rule_and_kwargs(target):
+    with pytest.raises(ValueError, match="unknown acceptance rule 'nope'"):
+        generate(target, IDS, rule="nope", max_new_tokens=4)
+    with pytest.raises(TypeError, match="unexpected keyword arguments: not_a_setting"):
+        generate(target, IDS, max_new_tokens=4, not_a_setting=3)
+
+
+def test_unsupported_processor_is_named(target):
+    with pytest.raises(NotImplementedError, match="repetition_penalty=1.2"):
+        generate(target, IDS, max_new_tokens=4, repetition_penalty=1.2)
+
+
+def test_two_drafters_at_once(target):
+    with pytest.raises(ValueError, match="assistant_model and prompt_lookup_num_tokens"):
+        generate(target, IDS, assistant_model=target, prompt_lookup_num_tokens=3, max_new_tokens=4)
+
+
+def test_padding_mask(target):
+    with pytest.raises(NotImplementedError, match="attention_mask"):
+        generate(target, IDS, attention_mask=torch.tensor([[0] + [1] * 9]), max_new_tokens=4)
+
+
+def test_tree_draft_is_refused_when_sampling(target):
+    with pytest.raises(NotImplementedError, match="greedy decoding only"):
+        generate(target, IDS, drafter=TreeDrafter(), max_new_tokens=4, do_sample=True)
+    generate(target, IDS, drafter=TreeDrafter(), max_new_tokens=4)  # greedy: verified path by path
+
+
+def test_tree_deeper_than_k_is_refused(target):
+    class DeepTree(PromptLookupDrafter):
+        def propose(self, input_ids, k, sampler=None, generator=None):
+            return Draft(tokens=torch.tensor([[1, 2, 3]]), parents=torch.tensor([-1, 0, -1]))
+
+    with pytest.raises(ValueError, match="2 tokens deep"):
+        generate(target, IDS, drafter=DeepTree(), max_new_tokens=8, num_assistant_tokens=1)
+
+
+def test_draft_shapes_are_checked():
+    with pytest.raises(ValueError, match="batch, n"):
+        Draft(tokens=torch.tensor([1, 2]))
+    with pytest.raises(ValueError, match="probs must be"):
+        Draft(tokens=torch.tensor([[1, 2]]), probs=torch.ones(1, 3, 5))
+    with pytest.raises(ValueError, match="parents"):
+        Draft(tokens=torch.tensor([[1, 2]]), parents=torch.tensor([0, 0]))
