@@ -67,10 +67,12 @@ class GSM8K:
             raise FileNotFoundError(f"GSM8K data file not found: {path} (use --data PATH, 'auto', 'sample' or 'hub')")
         return path
 
-    def load(self, source: str = "auto", limit: int | None = None, split: str = "test") -> list[Problem]:
-        """Problems in file order. ``source``: ``"auto"`` (the shipped split), ``"sample"`` (its first 20),
-        a jsonl path (fields ``question`` and ``answer`` ending in ``#### <number>``), or ``"hub"``
-        (openai/gsm8k through ``datasets``)."""
+    def load(self, source: str = "auto", limit: int | None = None, split: str = "test",
+             offset: int = 0) -> list[Problem]:
+        """Problems in file order, ``limit`` of them from position ``offset`` (a problem's id is its position,
+        so it keeps its id and seed in any run). ``source``: ``"auto"`` (the shipped split), ``"sample"``
+        (its first 20), a jsonl path (fields ``question`` and ``answer`` ending in ``#### <number>``), or
+        ``"hub"`` (openai/gsm8k through ``datasets``)."""
         path = self.source_file(source, split)
         if path is None:
             import datasets
@@ -85,9 +87,9 @@ class GSM8K:
         else:
             items = read_jsonl(path, self.fields)
         if source == "sample":
-            limit = SAMPLE_SIZE if limit is None else min(limit, SAMPLE_SIZE)
-        rows = items if limit is None else items[:limit]
-        return [Problem(i, r["question"], r["answer"].split("####")[-1].strip().replace(",", ""), r["answer"])
+            items = items[:SAMPLE_SIZE]
+        rows = items[offset:] if limit is None else items[offset : offset + limit]
+        return [Problem(offset + i, r["question"], r["answer"].split("####")[-1].strip().replace(",", ""), r["answer"])
                 for i, r in enumerate(rows)]
 
     def messages(self, problem: Problem, template: str = "chat") -> list[dict]:

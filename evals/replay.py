@@ -113,7 +113,7 @@ def replay_run(run_dir: str | Path, methods: list[Method], datastore: Datastore 
         raise ValueError(f"no rows of method {source!r} in {run_dir}")
     tokenizer = load_tokenizer(settings["target"])
     bench = get_benchmark(settings["benchmark"])
-    problems = {p.id: p for p in bench.load(settings["data"], settings["limit"])}
+    problems = {p.id: p for p in bench.load(settings["data"], settings["limit"], offset=settings.get("offset") or 0)}
     pairs = [(tokenizer(bench.prompt(tokenizer, problems[r["id"]], settings["template"])).input_ids,
               r.get("output_ids") or tokenizer(r["output"], add_special_tokens=False).input_ids) for r in rows]
     drafters = [model_free_drafter(m, datastore, tokenizer.eos_token_id) for m in methods]

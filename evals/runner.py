@@ -50,6 +50,7 @@ class RunSettings:
     top_p: float | None = None
     seed: int = 0
     datastore: str | None = None  # retrieval drafters' datastore file (semverify datastore)
+    offset: int | None = None  # problems from this position on (None: from the first; runs before it resume)
 
     def context(self, tokenizer=None) -> RunContext:
         return RunContext.for_decoding(self.draft, self.target, self.do_sample, self.temperature, tokenizer)
@@ -153,7 +154,7 @@ def compare(settings: RunSettings, methods: list[Method], out: str | Path) -> Pa
     """Run ``methods`` on the benchmark's problems, appending rows to ``out``; returns the run folder."""
     out = Path(out)
     bench = get_benchmark(settings.benchmark)
-    problems = bench.load(settings.data, settings.limit)  # a missing data file fails before any model loads
+    problems = bench.load(settings.data, settings.limit, offset=settings.offset or 0)  # fails before models load
     rank, world = shard_info()
     out.mkdir(parents=True, exist_ok=True)
     context = settings.context(load_tokenizer(settings.target))  # rules that write prompts need it

@@ -36,15 +36,24 @@ class CommandFailed(SystemExit):
         self.code = 2
 
 
-def positive_int(text: str) -> int:
-    """argparse type: an integer >= 1."""
+def _at_least(text: str, low: int) -> int:
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    if value < low:
+        raise argparse.ArgumentTypeError(f"must be at least {low}, got {value}")
     return value
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1."""
+    return _at_least(text, 1)
+
+
+def non_negative_int(text: str) -> int:
+    """argparse type: an integer >= 0."""
+    return _at_least(text, 0)
 
 
 def key_value(text: str) -> tuple[str, object]:

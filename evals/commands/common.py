@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
-from semverify.commands import positive_int
+from semverify.commands import non_negative_int, positive_int
 from semverify.models import DEFAULT_DRAFT, DEFAULT_TARGET
 
 
@@ -26,3 +27,55 @@ def train_examples(args: argparse.Namespace, tokenizer) -> list[tuple[str, str]]
     from evals.benchmarks import get_benchmark
 
     return get_benchmark("gsm8k").worked_examples(tokenizer, args.data, args.limit)
+
+
+def add_run_args(p: argparse.ArgumentParser, limit: int) -> None:
+    """The arguments of a compare run: models, problems, decoding, datastore and the run folder."""
+    add_models(p)
+    p.add_argument("--benchmark", default="gsm8k")
+    p.add_argument("--data", default="auto", help="'auto' (the shipped dev problems), 'sample', a jsonl path or 'hub'")
+    p.add_argument("--template", default="chat", choices=["chat", "fewshot"])
+    p.add_argument("--limit", type=positive_int, default=limit, help=f"problems to run (default {limit})")
+    p.add_argument("--offset", type=non_negative_int, default=None,
+                   help="start at this problem (default 0), e.g. to choose settings on problems the final table "
+                        "does not use")
+    p.add_argument("--max-new-tokens", type=positive_int, default=256)
+    p.add_argument("--do-sample", action="store_true")
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=None)
+    p.add_argument("--top-p", type=float, default=None)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--datastore", default=None,
+                   help="datastore file for the retrieval methods (rest, dresd, sense, ...); see `semverify "
+                        "datastore`. A method may name its own: sense:drafter.datastore=FILE")
+    p.add_argument("--out", required=True, help="run folder; rerun the same command to resume")
+
+
+def checked_run(args: argparse.Namespace, methods: str | None, configs: list[str] | None):
+    """(RunSettings, methods) from a run's arguments, every input error raised before a model loads."""
+    from evals.benchmarks import get_benchmark
+    from evals.runner import RunSettings
+    from semverify.models import ModelLoadError, load_tokenizer
+    from semverify.registry import load_methods
+
+    settings = RunSettings(
+        target=args.target, draft=args.draft, dtype=args.dtype, benchmark=args.benchmark, data=args.data,
+        template=args.template, limit=args.limit, max_new_tokens=args.max_new_tokens, do_sample=args.do_sample,
+        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed, datastore=args.datastore,
+        offset=args.offset,
+    )
+    if not get_benchmark(args.benchmark).load(args.data, args.limit, offset=args.offset or 0):
+        raise ValueError(f"--offset {args.offset} is past the last problem of --data {args.data}")
+    try:
+        tokenizer = load_tokenizer(args.target)
+    except ModelLoadError:
+        tokenizer = None  # methods are checked without it; loading the target then reports the problem
+    chosen = load_methods(methods, configs, settings.context(tokenizer))
+    storeless = [m.name for m in chosen if m.retrieves and m.datastore(args.datastore) is None]
+    if storeless:
+        raise ValueError(f"methods {', '.join(storeless)} draft by retrieval and need --datastore FILE "
+                         "(build one with `semverify datastore`) or their own drafter.datastore=FILE")
+    for path in {m.datastore(args.datastore) for m in chosen} - {None}:
+        if not Path(path).is_file():
+            raise FileNotFoundError(f"datastore not found: {path}")
+    return settings, chosen

@@ -20,12 +20,11 @@ from typing import Sequence
 
 import torch
 from tqdm.auto import tqdm
-from transformers import StoppingCriteria, StoppingCriteriaList
 
 from ..answers import Answer, generate_answers
 from ..cache import new_cache
 from ..rules import entropy
-from ..sampling import Sampler
+from ..sampling import Sampler, sample_from
 from ..types import eos_ids
 from .segment import StepSegmenter
 
@@ -83,51 +82,65 @@ def token_stats(logits: torch.Tensor, tokens: torch.LongTensor, sampler: Sampler
     ], dim=-1)
 
 
-class _StepEnds(StoppingCriteria):
-    """Per-row stop for ``model.generate``: the tokens after ``start`` form a complete step."""
-
-    def __init__(self, segmenter: StepSegmenter, start: int) -> None:
-        self.segmenter, self.start = segmenter, start
-
-    def __call__(self, input_ids: torch.LongTensor, scores, **kwargs) -> torch.BoolTensor:
-        return torch.tensor([self.segmenter.ends_step(row[self.start :].tolist()) for row in input_ids])
-
-
 @torch.inference_mode()
 def sample_steps(model, prefixes: Sequence[Sequence[int]], segmenter: StepSegmenter, settings: LabelSettings,
-                 pad_id: int, emitting: bool = False) -> list[dict]:
-    """``settings.samples`` one-step continuations of each prefix, all in one left-padded batch drawn by
-    ``model.generate`` from torch's global generator (seed it first).
+                 pad_id: int, generator: torch.Generator) -> list[dict]:
+    """``settings.samples`` one-step continuations of each prefix, drawn with ``generator``.
 
-    Returns per prefix the steps' ids and, with ``emitting``, the mean last-layer state of the positions
-    that emitted each step's tokens (the draft probe's feature).
+    The prefixes are prefilled once, in one left-padded batch, and each row is repeated per sample; a
+    row leaves the batch one forward after its step ends (that forward gives the state at its last
+    token), so stragglers run alone. Returns per prefix the steps' ids, the mean last-layer state of the
+    positions that emitted them (``emitting``: the draft probe's feature), the mean and last state at
+    the step's own positions (``tokens_mean``/``tokens_last``: the target probe's) and the model's own
+    ``STATS`` at each step token.
     """
-    n = settings.samples
+    n, sampler, cap = settings.samples, settings.sampler, segmenter.max_step_tokens
     width = max(map(len, prefixes))
-    rows = [[pad_id] * (width - len(p)) + list(p) for p in prefixes for _ in range(n)]
-    mask = [[0] * (width - len(p)) + [1] * len(p) for p in prefixes for _ in range(n)]
-    out = model.generate(input_ids=torch.tensor(rows), attention_mask=torch.tensor(mask), do_sample=True,
-                         temperature=settings.temperature, top_p=settings.top_p, top_k=0,
-                         max_new_tokens=segmenter.max_step_tokens, pad_token_id=pad_id,
-                         stopping_criteria=StoppingCriteriaList([_StepEnds(segmenter, width)]),
-                         output_hidden_states=emitting, return_dict_in_generate=True)
-    new = out.sequences[:, width:].tolist()
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prefixes])
+    ids = torch.tensor([[pad_id] * (width - len(p)) + list(p) for p in prefixes])
+    cache = new_cache(model)
+    out = model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp_min(0), cache=cache,
+                use_cache=True, logits_to_keep=1, output_hidden_states=True)
+    cache.batch_repeat_interleave(n)
+    mask, position = mask.repeat_interleave(n, 0), (mask.sum(-1) - 1).repeat_interleave(n)
+    logits = out.logits[:, -1].float().repeat_interleave(n, 0)
+    state = out.hidden_states[-1][:, -1].float().repeat_interleave(n, 0)
+    rows = len(prefixes) * n
+    steps, emitting, at, stats = ([[] for _ in range(rows)] for _ in range(4))
+    done, active = [False] * rows, list(range(rows))
     eos = set(eos_ids(model.generation_config.eos_token_id))
-    steps = [_cut_step(row, segmenter, eos) for row in new]
-    if emitting:  # hidden_states[j][-1]: the last layer when token j was emitted ([:, -1] of the prefill at j=0)
-        states = torch.stack([h[-1][:, -1].float() for h in out.hidden_states], dim=1)
-        pooled = [states[r, : len(step)].mean(0).half() for r, step in enumerate(steps)]
-    return [{"ids": steps[i * n : (i + 1) * n],
-             **({"emitting": torch.stack(pooled[i * n : (i + 1) * n])} if emitting else {})}
-            for i in range(len(prefixes))]
-
-
-def _cut_step(row: list[int], segmenter: StepSegmenter, eos: set[int]) -> list[int]:
-    """A generated row up to the end of its first step (a break, the cap, or EOS), padding dropped."""
-    for j, token in enumerate(row):
-        if token in eos or segmenter.ends_step(row[: j + 1]):
-            return row[: j + 1]
-    return row
+    while active:
+        token = sample_from(sampler.probs(logits), generator)
+        token_stat = token_stats(logits, token, sampler)
+        keep = []
+        for i, r in enumerate(active):
+            if steps[r]:
+                at[r].append(state[i])  # the state at the token fed last
+            if done[r]:
+                continue  # that forward fed its final token: the row leaves the batch
+            steps[r].append(int(token[i]))
+            emitting[r].append(state[i])
+            stats[r].append(token_stat[i])
+            done[r] = segmenter.ends_step(steps[r]) or int(token[i]) in eos or len(steps[r]) >= cap
+            keep.append(i)
+        if not keep:
+            break
+        index = torch.tensor(keep)
+        if len(keep) < len(active):
+            cache.batch_select_indices(index)
+            mask, position = mask[index], position[index]
+        mask, position = torch.cat([mask, torch.ones(len(keep), 1, dtype=mask.dtype)], dim=1), position + 1
+        out = model(input_ids=token[index, None], attention_mask=mask, position_ids=position[:, None], cache=cache,
+                    use_cache=True, logits_to_keep=1, output_hidden_states=True)
+        logits, state = out.logits[:, -1].float(), out.hidden_states[-1][:, -1].float()
+        active = [active[i] for i in keep]
+    pooled = lambda states: torch.stack(states).mean(0).half()  # noqa: E731
+    return [{"ids": [steps[r] for r in group],
+             "emitting": torch.stack([pooled(emitting[r]) for r in group]),
+             "tokens_mean": torch.stack([pooled(at[r]) for r in group]),
+             "tokens_last": torch.stack([at[r][-1].half() for r in group]),
+             "stats": [torch.stack(stats[r]).half() for r in group]}
+            for group in (range(i * n, (i + 1) * n) for i in range(len(prefixes)))]
 
 
 @torch.inference_mode()
@@ -156,20 +169,18 @@ def read_steps(model, prefix: Sequence[int], steps: list[list[int]], sampler: Sa
 
 
 def sample_prefixes(target, draft, prefixes: Sequence[Sequence[int]], segmenter: StepSegmenter,
-                    settings: LabelSettings, pad_id: int) -> list[dict]:
-    """Both models' samples at each prefix (one batch per model), then the target's reading of all of them:
-    per prefix ``{"target": {ids, tokens_mean, tokens_last, stats}, "draft": {ids, emitting, tokens_mean,
-    tokens_last, stats}}`` where the features and statistics are always the target's, except ``emitting``."""
-    own = sample_steps(target, prefixes, segmenter, settings, pad_id)
-    drafted = sample_steps(draft, prefixes, segmenter, settings, pad_id, emitting=True)
+                    settings: LabelSettings, pad_id: int, generator: torch.Generator) -> list[dict]:
+    """Both models' samples at each prefix, and the target's reading of the draft's: per prefix
+    ``{"target": {ids, tokens_mean, tokens_last, stats}, "draft": {ids, emitting, tokens_mean, tokens_last,
+    stats, draft_stats}}``, where the draft's ``tokens_*`` and ``stats`` are the target's over its steps."""
+    own = sample_steps(target, prefixes, segmenter, settings, pad_id, generator)
+    drafted = sample_steps(draft, prefixes, segmenter, settings, pad_id, generator)
     results = []
     for prefix, mine, theirs in zip(prefixes, own, drafted):
-        n = len(mine["ids"])
-        read = read_steps(target, prefix, mine["ids"] + theirs["ids"], settings.sampler)
-        own, drafted = ({k: read[k][rows] for k in ("tokens_mean", "tokens_last", "stats")}
-                        for rows in (slice(0, n), slice(n, None)))
-        results.append({"target": {"ids": mine["ids"], **own},
-                        "draft": {"ids": theirs["ids"], "emitting": theirs["emitting"], **drafted}})
+        read = read_steps(target, prefix, theirs["ids"], settings.sampler)
+        results.append({"target": {k: mine[k] for k in ("ids", "tokens_mean", "tokens_last", "stats")},
+                        "draft": {"ids": theirs["ids"], "emitting": theirs["emitting"], "draft_stats": theirs["stats"],
+                                  **read}})
     return results
 
 
@@ -221,8 +232,8 @@ def collect(target, draft, tokenizer, prompts: Sequence[str], work: str | os.Pat
                disable=not progress)
     for start in range(0, len(todo), group):
         chunk = todo[start : start + group]
-        torch.manual_seed(settings.seed * 1_000_003 + chunk[0])  # generate() draws from the global generator
-        results = sample_prefixes(target, draft, [prefixes[i]["ids"] for i in chunk], segmenter, settings, pad_id)
+        g = torch.Generator().manual_seed(settings.seed * 1_000_003 + chunk[0])
+        results = sample_prefixes(target, draft, [prefixes[i]["ids"] for i in chunk], segmenter, settings, pad_id, g)
         for i, data in zip(chunk, results):
             for side in ("target", "draft"):
                 data[side]["text"] = [tokenizer.decode(ids) for ids in data[side]["ids"]]
