@@ -52,8 +52,9 @@ def summarise(run_dir: str | Path, reference: str = "vanilla", grader: str = "ma
             raise ValueError(f"method {name!r} is not in this run ({', '.join(names)})")
     by = {(r["id"], r["method"]): r for r in read_rows(run_dir)}
     ids = sorted({i for i, _ in by if all((i, m) in by for m in names)})
+    batched = (s.get("batch_size") or 1) > 1
     out = {"run": run, "problems": len(ids), "reference": reference, "paired": paired, "grader": grader,
-           "methods": {}}
+           "batched": batched, "methods": {}}
     for m in methods:
         rs = [by[(i, m.name)] for i in ids]
         steps = sum(r["steps"] for r in rs)
@@ -62,6 +63,8 @@ def summarise(run_dir: str | Path, reference: str = "vanilla", grader: str = "ma
         timed = [i for i in ids if by[(i, m.name)].get("machine") is not None
                  and by[(i, m.name)].get("machine") == by[(i, reference)].get("machine")]
         ratios = [by[(i, m.name)]["tok_s"] / by[(i, reference)]["tok_s"] for i in timed]
+        reference_throughput = _throughput([by[(i, reference)] for i in timed])
+        speedup_total = _throughput([by[(i, m.name)] for i in timed]) / reference_throughput if timed else 0.0
         entry = {
             "lossless": _lossless(m, context), "problems": len(rs),
             "accuracy": {g: _accuracy([r["grades"][g] for r in rs]) for g in GRADERS},
@@ -69,6 +72,8 @@ def summarise(run_dir: str | Path, reference: str = "vanilla", grader: str = "ma
             "alpha": sum(r["accepted"] for r in rs) / drafted if drafted else None,
             "tok_s_median": statistics.median(r["tok_s"] for r in rs) if rs else 0.0,
             "speedup_median": statistics.median(ratios) if ratios else 0.0,
+            "speedup_total": speedup_total,
+            "speedup": speedup_total if batched else (statistics.median(ratios) if ratios else 0.0),
             "speedup_problems": len(timed),
             "wall_s": sum(r["total_time"] for r in rs),
             "acceptance_by_position": _by_position(rs),
@@ -89,6 +94,14 @@ def summarise(run_dir: str | Path, reference: str = "vanilla", grader: str = "ma
                 }
         out["methods"][m.name] = entry
     return out
+
+
+def _throughput(rows: list[dict]) -> float:
+    """Total new tokens per second over ``rows``: a batched row is charged its batch's wall time in
+    proportion to its tokens, so rows that shared a batch add up to that batch's time."""
+    seconds = sum(r["batch"]["wall"] * r["new_tokens"] / max(r["batch"]["tokens"], 1) if "batch" in r
+                  else r["total_time"] for r in rows)
+    return sum(r["new_tokens"] for r in rows) / seconds if seconds else 0.0
 
 
 def _lossless(method: Method, context: RunContext) -> bool | None:
@@ -163,6 +176,8 @@ def markdown(summary: dict) -> str:
     draft = f"draft `{s['draft']}`" if uses_draft else "no draft model"
     if s.get("datastore"):
         draft += f", datastore `{s['datastore']}`"
+    speedup = (f"ratio of total tokens/s (batches of {s['batch_size']}: a problem's own time includes its batch's)"
+               if summary.get("batched") else "median per-problem tokens/s ratio")
     lines = [
         f"# {s['benchmark']} comparison: {summary['problems']} problems",
         "",
@@ -170,8 +185,8 @@ def markdown(summary: dict) -> str:
         f"max {s['max_new_tokens']} new tokens, template `{s['template']}`, data `{s['data']}`",
         f"- machine: {_machines(run)}, {env.get('torch_threads', '?')} threads, torch {env.get('torch', '?')}, "
         f"transformers {env.get('transformers', '?')}; run started {env.get('date', '?')}",
-        f"- accuracy with 95% Wilson intervals; speedup = median per-problem tokens/s ratio vs "
-        f"`{summary['reference']}`; p = exact McNemar test (paired, two-sided) on {summary['grader']}",
+        f"- accuracy with 95% Wilson intervals; speedup = {speedup} vs `{summary['reference']}`; p = exact McNemar "
+        f"test (paired, two-sided) on {summary['grader']}",
         "",
         "| method | lossless | strict | flexible | math-verify | tau | alpha | tok/s | speedup | wall (s) | "
         + " | ".join(f"p vs {o}" for o in summary["paired"]) + " |",
@@ -183,7 +198,7 @@ def markdown(summary: dict) -> str:
         ps = [f"{m['paired'][o]['p_value']:.3f}" if o in m["paired"] else "-" for o in summary["paired"]]
         lossless = {True: "yes", False: "no", None: "?"}[m["lossless"]]
         lines.append(f"| {name} | {lossless} | {' | '.join(accs)} | {m['tau']:.2f} | "
-                     f"{alpha} | {m['tok_s_median']:.2f} | {m['speedup_median']:.2f}x | {m['wall_s']:.0f} | "
+                     f"{alpha} | {m['tok_s_median']:.2f} | {m['speedup']:.2f}x | {m['wall_s']:.0f} | "
                      + " | ".join(ps) + " |")
     partial = [f"- speedup of `{name}` over {m['speedup_problems']} of {summary['problems']} problems: on the "
                f"others its row and `{summary['reference']}`'s ran on different machines"
@@ -245,9 +260,10 @@ def plot(summary: dict, run_dir: Path) -> list[Path]:
     fig, ax = plt.subplots(figsize=(6, 4))
     for name, m in summary["methods"].items():
         a = m["accuracy"][grader]
-        ax.errorbar(m["speedup_median"], 100 * a["acc"], yerr=[[100 * (a["acc"] - a["ci95"][0])],
+        ax.errorbar(m["speedup"], 100 * a["acc"], yerr=[[100 * (a["acc"] - a["ci95"][0])],
                     [100 * (a["ci95"][1] - a["acc"])]], fmt="o", capsize=4, label=name)
-    ax.set_xlabel(f"speedup vs {summary['reference']} (median tokens/s ratio)")
+    ax.set_xlabel(f"speedup vs {summary['reference']} ({'total' if summary.get('batched') else 'median'} "
+                  "tokens/s ratio)")
     ax.set_ylabel(f"accuracy, {grader} (%)")
     ax.set_title(f"{summary['problems']} problems")
     ax.legend(fontsize=8)

@@ -51,6 +51,7 @@ class RunSettings:
     seed: int = 0
     datastore: str | None = None  # retrieval drafters' datastore file (semverify datastore)
     offset: int | None = None  # problems from this position on (None: from the first; runs before it resume)
+    batch_size: int | None = None  # problems decoded together per method (None: one at a time)
 
     def context(self, tokenizer=None) -> RunContext:
         return RunContext.for_decoding(self.draft, self.target, self.do_sample, self.temperature, tokenizer)
@@ -182,16 +183,32 @@ def _run(settings: RunSettings, methods: list[Method], todo: list[tuple[Problem,
     context = settings.context(tokenizer)
     rules = {m.name: m.build_rule(context) for m in methods}
     live: dict[str, list] = {}
-    bar = tqdm(todo, desc=f"compare[{rank}]" if world > 1 else "compare", unit="run")
-    for problem, method in bar:
+    bar = tqdm(total=len(todo), desc=f"compare[{rank}]" if world > 1 else "compare", unit="run")
+    for problems, method in batches(todo, settings.batch_size or 1):
         own = replace(resources, datastore=stores.get(method.datastore(settings.datastore)))
-        row = run_one(problem, method, rules[method.name], settings, target, tokenizer, own, bench)
-        writer.write(row)
-        acc, taus = live.setdefault(method.name, [[], []])
-        acc.append(row["grades"]["math_verify"])
-        taus.append(row["tau"])
+        for row in run_batch(problems, method, rules[method.name], settings, target, tokenizer, own, bench):
+            writer.write(row)
+            acc, taus = live.setdefault(method.name, [[], []])
+            acc.append(row["grades"]["math_verify"])
+            taus.append(row["tau"])
+        bar.update(len(problems))
         bar.set_postfix_str(" ".join(f"{n}: acc={sum(a) / len(a):.2f} tau={sum(t) / len(t):.2f}"
                                      for n, (a, t) in live.items()))
+    bar.close()
+
+
+def batches(todo: list[tuple[Problem, Method]], size: int) -> list[tuple[list[Problem], Method]]:
+    """The (problem, method) pairs as batches of up to ``size`` problems of one method, in the order of
+    the pairs' first problems: with ``size`` 1, exactly the pairs (methods alternate per problem)."""
+    out: list[tuple[list[Problem], Method]] = []
+    open_batch: dict[str, list[Problem]] = {}
+    for problem, method in todo:
+        group = open_batch.get(method.name)
+        if group is None or len(group) == size:
+            group = open_batch[method.name] = []
+            out.append((group, method))
+        group.append(problem)
+    return out
 
 
 def load_datastore(path: str, target_name: str, target) -> Datastore:
@@ -201,25 +218,43 @@ def load_datastore(path: str, target_name: str, target) -> Datastore:
     return store
 
 
-def run_one(problem: Problem, method: Method, rule, settings: RunSettings, target, tokenizer,
-            resources: DraftResources, bench) -> dict:
-    """Decode one problem with one method and grade it; returns the JSONL row."""
-    ids = tokenizer(bench.prompt(tokenizer, problem, settings.template), return_tensors="pt").input_ids
-    seed = settings.seed * 1_000_003 + problem.id  # the same draws for every method on a problem
-    kwargs = dict(max_new_tokens=settings.max_new_tokens, do_sample=settings.do_sample,
-                  return_dict_in_generate=True, generator=torch.Generator().manual_seed(seed), rule=rule,
-                  num_assistant_tokens=method.k, tokenizer=tokenizer)
+def run_batch(problems: list[Problem], method: Method, rule, settings: RunSettings, target, tokenizer,
+              resources: DraftResources, bench) -> list[dict]:
+    """Decode ``problems`` with one method in one left-padded batch and grade each; returns their JSONL
+    rows. Each problem draws from its own seeded stream, so its row is the same in any batch."""
+    texts = [bench.prompt(tokenizer, p, settings.template) for p in problems]
+    prompts = [tokenizer(t).input_ids for t in texts]
+    width = max(map(len, prompts))
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    seeds = [settings.seed * 1_000_003 + p.id for p in problems]  # the same draws for every method on a problem
+    streams = [torch.Generator().manual_seed(seed) for seed in seeds]
+    kwargs = dict(max_new_tokens=settings.max_new_tokens, do_sample=settings.do_sample, return_dict_in_generate=True,
+                  generator=streams[0] if len(problems) == 1 else streams, rule=rule, num_assistant_tokens=method.k,
+                  tokenizer=tokenizer, attention_mask=mask if len(problems) > 1 else None, pad_token_id=pad)
     if settings.do_sample:
         kwargs.update(temperature=settings.temperature, top_k=settings.top_k or 0, top_p=settings.top_p or 1.0)
+    started = time.perf_counter()
     if method.decoder == "draft":
         result = generate(resources.draft_model, ids, drafter=NoDrafter(), **kwargs)
     else:
         drafter = make_drafter(method.drafter, resources, method.k, **method.drafter_settings)
         result = generate(target, ids, drafter=drafter, **kwargs)
-    new = result.sequences[0, ids.shape[1]:]
+    wall = time.perf_counter() - started
+    row_stats = result.spec_stats.rows or [result.spec_stats]
+    batch = ({"first": problems[0].id, "size": len(problems), "wall": wall, "tokens": result.spec_stats.new_tokens}
+             if len(problems) > 1 else None)
+    return [problem_row(problem, method, seed, result.sequences[i, width : width + stats.new_tokens], stats,
+                        tokenizer, batch)
+            for i, (problem, seed, stats) in enumerate(zip(problems, seeds, row_stats))]
+
+
+def problem_row(problem: Problem, method: Method, seed: int, new: torch.LongTensor, stats, tokenizer,
+                batch: dict | None) -> dict:
+    """One problem's JSONL row: output, grades and statistics (and its batch's size, wall time and tokens)."""
     text = tokenizer.decode(new, skip_special_tokens=True)
-    stats = result.spec_stats
-    return {
+    row = {
         "id": problem.id, "method": method.name, "seed": seed, "gold": problem.answer, "output": text,
         "output_ids": new.tolist(),
         "grades": grade(text, problem.answer), "new_tokens": len(new), "steps": stats.steps,
@@ -230,3 +265,6 @@ def run_one(problem: Problem, method: Method, rule, settings: RunSettings, targe
         "draft_time": stats.draft_time, "verify_time": stats.verify_time, "total_time": stats.total_time,
         "tok_s": stats.tokens_per_second, "machine": machine(),
     }
+    if batch is not None:
+        row["batch"] = batch
+    return row

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import torch
 from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import Cache
 
@@ -34,3 +35,74 @@ def keep_first(cache: Cache, length: int) -> None:
         raise ValueError(f"cannot keep {length} tokens of a cache holding {current}")
     if length < current:
         cache.crop(length - current)
+
+
+class RowCache:
+    """A model's KV cache over a batch of rows that keep different numbers of their tokens.
+
+    Every column has a per-row validity: a token one row rejects stays in the cache as a masked hole
+    (another row may have kept its token there). Columns no row keeps are cropped from the end, and
+    when holes fill more than half of a batched cache, each row's tokens are packed to the right.
+    Positions are per row, so packing never changes what a token attends to. With one row the
+    rejected tokens are always the last ones: rollback is plain cropping, and no mask is ever passed.
+    """
+
+    def __init__(self, model: PreTrainedModel, batch_size: int, role: str = "model") -> None:
+        self.cache = new_cache(model, role)
+        self.valid = torch.zeros(batch_size, 0, dtype=torch.bool)
+        self.next_position = torch.zeros(batch_size, dtype=torch.long)
+
+    @property
+    def length(self) -> int:
+        return self.valid.shape[1]
+
+    def inputs(self, tokens: torch.LongTensor, token_valid: torch.BoolTensor | None = None) -> dict:
+        """Forward arguments for new columns ``tokens`` [B, W] (``token_valid``: which of them are real):
+        the ids, the cache, and, when any column is masked, the 2-D mask and per-row positions."""
+        if token_valid is None:
+            token_valid = torch.ones_like(tokens, dtype=torch.bool)
+        inputs = {"input_ids": tokens, "cache": self.cache, "use_cache": True}
+        if not (bool(self.valid.all()) and bool(token_valid.all())):
+            inputs["attention_mask"] = torch.cat([self.valid, token_valid], dim=1).long()
+            inputs["position_ids"] = self.next_position[:, None] + (token_valid.long().cumsum(-1) - 1).clamp_min(0)
+        return inputs
+
+    def extend(self, token_valid: torch.BoolTensor) -> None:
+        """Record the columns a forward just added to the cache."""
+        self.valid = torch.cat([self.valid, token_valid], dim=1)
+        self.next_position += token_valid.sum(-1)
+
+    def keep(self, kept: torch.BoolTensor) -> None:
+        """Of the last ``kept.shape[1]`` columns, keep in each row those ``kept`` marks (and that were
+        valid); the others become holes. Then crop and pack."""
+        width = kept.shape[1]
+        recent = self.valid[:, self.length - width :]
+        self.next_position -= (recent & ~kept).sum(-1)
+        self.valid[:, self.length - width :] = recent & kept
+        used = self.valid.any(0).nonzero()
+        keep_first(self.cache, int(used[-1]) + 1 if len(used) else 0)
+        self.valid = self.valid[:, : self.cache.get_seq_length()]
+        if self.valid.shape[0] > 1 and int((~self.valid).sum()) > self.valid.numel() // 2:
+            self.pack()
+
+    def pack(self) -> None:
+        """Move each row's valid columns to the right end, holes to the left; drop all-hole columns."""
+        count = self.valid.sum(-1)
+        width = int(count.max()) if len(count) else 0
+        slot = torch.arange(width)[None, :] >= (width - count)[:, None]  # where each row's tokens go
+        # gather index: for every target slot, the source column (holes take column 0, masked anyway)
+        order = torch.argsort((~self.valid).long(), dim=1, stable=True)[:, :width]  # valid columns first, in order
+        source = torch.zeros(len(count), width, dtype=torch.long)
+        source[slot] = order[torch.arange(width)[None, :] < count[:, None]]
+        for layer in self.cache.layers:
+            index = source[:, None, :, None].to(layer.keys.device)
+            layer.keys = layer.keys.gather(2, index.expand(-1, layer.keys.shape[1], -1, layer.keys.shape[3]))
+            layer.values = layer.values.gather(2, index.expand(-1, layer.values.shape[1], -1, layer.values.shape[3]))
+        self.valid = slot
+
+    def select(self, rows: torch.LongTensor) -> None:
+        """Keep only ``rows`` of the batch (finished rows stop costing work)."""
+        self.cache.batch_select_indices(rows)
+        self.valid, self.next_position = self.valid[rows], self.next_position[rows]
+        if len(rows) and not bool(self.valid[:, 0].any()):
+            self.pack()

@@ -16,6 +16,7 @@ from .registry import DraftResources, RunContext, drafter_kind, get_rule, make_d
 from .rules import AcceptanceRule
 from .sampling import Sampler
 from .stats import SpecStats
+from .types import eos_ids
 
 DEFAULT_NUM_DRAFT_TOKENS = 5
 
@@ -57,11 +58,15 @@ def generate(
     tokenizer=None,
     assistant_tokenizer=None,
     attention_mask: torch.Tensor | None = None,
-    generator: torch.Generator | None = None,
+    generator: torch.Generator | list[torch.Generator] | None = None,
     acceptance: str | AcceptanceRule | None = None,
     **kwargs,
 ) -> torch.LongTensor | SpecGenerateOutput:
-    """Decode like ``model.generate`` (batch 1), verifying drafts with the acceptance ``rule``.
+    """Decode like ``model.generate``, verifying drafts with the acceptance ``rule``.
+
+    A batch is left-padded with its ``attention_mask``, as transformers batches; each row keeps its own
+    accepted lengths and stops at its own EOS, and with one generator per row (``generator=[...]``)
+    draws exactly what it would draw alone.
 
     The drafter is ``assistant_model`` (a small model; a rule that verifies whole steps drafts steps
     with it), prompt lookup when ``prompt_lookup_num_tokens`` is set, a custom ``drafter``, or none
@@ -79,8 +84,6 @@ def generate(
     input_ids = kwargs.pop("input_ids", None) if inputs is None else inputs
     if input_ids is None:
         raise ValueError("pass the prompt token ids as inputs or input_ids")
-    if attention_mask is not None and not bool(attention_mask.all()):
-        raise NotImplementedError("attention_mask with padding is not supported (batch size 1 needs none)")
     config = copy.deepcopy(generation_config if generation_config is not None else model.generation_config)
     unused = config.update(**kwargs)
     if unused:
@@ -96,18 +99,35 @@ def generate(
     max_new = config.max_new_tokens
     if max_new is None:
         max_new = _setting(config, "max_length") - input_ids.shape[1]
-    if generator is None:
-        generator = torch.Generator(device=input_ids.device).manual_seed(int(torch.randint(2**62, (1,))))
-    if streamer is not None:
+    generator = row_generators(generator, input_ids.shape[0], input_ids.device)
+    if streamer is not None and input_ids.shape[0] == 1:
         streamer.put(input_ids.cpu())
+    eos = eos_ids(config.eos_token_id)
     sequences, stats = speculative_generate(
         model, input_ids, drafter=drafter, rule=rule, num_draft_tokens=k,
         max_new_tokens=max_new, sampler=sampler, eos_token_id=config.eos_token_id,
-        generator=generator, streamer=streamer,
+        generator=generator, streamer=streamer, attention_mask=attention_mask,
+        pad_token_id=config.pad_token_id if config.pad_token_id is not None else (eos[0] if eos else None),
     )
     if config.return_dict_in_generate:
         return SpecGenerateOutput(sequences=sequences, spec_stats=stats)
     return sequences
+
+
+def row_generators(generator: torch.Generator | list[torch.Generator] | None, batch: int,
+                   device: torch.device | str = "cpu") -> torch.Generator | list[torch.Generator]:
+    """The random streams of a call: ``generator`` as given for one row (a fresh one seeded from torch's
+    global RNG when None), else one per row, each seeded from ``generator`` (or the global RNG) in row
+    order, so a row's draws do not depend on the other rows' content."""
+    if isinstance(generator, (list, tuple)):
+        if len(generator) != batch:
+            raise ValueError(f"pass one generator per row: got {len(generator)} for a batch of {batch}")
+        return list(generator)
+    if batch == 1 and generator is not None:
+        return generator
+    seeds = [int(torch.randint(2**62, (1,), generator=generator)) for _ in range(batch)]
+    streams = [torch.Generator(device=device).manual_seed(seed) for seed in seeds]
+    return streams[0] if batch == 1 else streams
 
 
 def _setting(config: GenerationConfig, name: str):

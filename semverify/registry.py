@@ -113,6 +113,7 @@ class DrafterKind:
     settings: tuple[str, ...] = ()
     default_k: int = 5
     retrieval: bool = False  # drafts from a datastore: the run's, or a method's own ``drafter.datastore``
+    batches: bool = True  # can draft for a batch of rows (generate() with input_ids [B > 1, T])
 
 
 _DRAFTERS: dict[str, DrafterKind] = {}

@@ -11,7 +11,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from .sampling import sample_from
+from .sampling import sample_from, uniform
 from .types import Verdict, VerifyInput
 
 
@@ -96,7 +96,7 @@ def ratio_test(x: VerifyInput) -> torch.BoolTensor:
     p_x = x.target_probs[:, : x.k].gather(-1, tokens[..., None]).squeeze(-1)
     q = x.draft.probs
     q_x = q.gather(-1, tokens[..., None]).squeeze(-1) if q is not None else torch.ones_like(p_x)
-    u = torch.rand(p_x.shape, generator=x.generator, device=p_x.device)
+    u = uniform(tuple(p_x.shape), x.generator, p_x.device)
     return u * q_x < p_x  # strict: u can be 0, and p(x)=0 must never pass
 
 

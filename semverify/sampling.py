@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -58,7 +59,24 @@ class Sampler:
         return sample_from(self.probs(logits), generator)
 
 
-def sample_from(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-    """Draw one index per row of a [..., V] probability tensor (rows need not be normalised)."""
+Generators = torch.Generator | Sequence[torch.Generator] | None  # one stream, or one per batch row
+
+
+def sample_from(probs: torch.Tensor, generator: Generators = None) -> torch.Tensor:
+    """Draw one index per row of a [..., V] probability tensor (rows need not be normalised).
+
+    With one generator per batch row (dimension 0), each row draws from its own stream exactly what it
+    would draw alone, so a row's output does not depend on the rows beside it.
+    """
+    if isinstance(generator, Sequence):
+        return torch.stack([sample_from(p, g) for p, g in zip(probs, generator)])
     flat = probs.reshape(-1, probs.shape[-1])
     return torch.multinomial(flat, 1, generator=generator).reshape(probs.shape[:-1])
+
+
+def uniform(shape: tuple[int, ...], generator: Generators = None,
+            device: torch.device | str | None = None) -> torch.Tensor:
+    """Uniform [0, 1) draws of ``shape``; with one generator per row of dimension 0, row by row."""
+    if isinstance(generator, Sequence):
+        return torch.stack([torch.rand(shape[1:], generator=g, device=device) for g in generator])
+    return torch.rand(shape, generator=generator, device=device)

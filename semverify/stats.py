@@ -31,6 +31,30 @@ class SpecStats:
     draft_time: float = 0.0
     verify_time: float = 0.0
     total_time: float = 0.0
+    rows: list["SpecStats"] = field(default_factory=list)  # each row's own, when a batch was decoded
+
+    @classmethod
+    def pooled(cls, rows: list["SpecStats"], wall: float) -> "SpecStats":
+        """One row's statistics as they are; a batch's pooled: counts added up (tau is then tokens per
+        row-step), times those of the batch (``wall``), and every row's own in ``rows``."""
+        if len(rows) == 1:
+            rows[0].total_time = wall
+            return rows[0]
+        pooled = cls(total_time=wall, rows=rows)
+        for r in rows:
+            for name in ("steps", "drafted", "accepted", "new_tokens"):
+                setattr(pooled, name, getattr(pooled, name) + getattr(r, name))
+            pooled.accept_lengths += r.accept_lengths
+            _add_lists(pooled.drafted_per_position, r.drafted_per_position)
+            _add_lists(pooled.accepted_per_position, r.accepted_per_position)
+            pooled.reasons.update(r.reasons)
+            for name, counts in r.reasons_per_position.items():
+                _add_lists(pooled.reasons_per_position.setdefault(name, []), counts)
+            for name, values in r.scores.items():
+                pooled.scores.setdefault(name, []).extend(values)
+        pooled.draft_time = max((r.draft_time for r in rows), default=0.0)  # the rows share each step's time
+        pooled.verify_time = max((r.verify_time for r in rows), default=0.0)
+        return pooled
 
     def record_step(self, outcome: StepOutcome, reasons: dict[str, torch.Tensor], positions: int,
                     draft_time: float = 0.0, verify_time: float = 0.0) -> None:
@@ -95,6 +119,7 @@ class SpecStats:
             "other_time": self.other_time,
             "total_time": self.total_time,
             "tokens_per_second": self.tokens_per_second,
+            **({"rows": [r.to_dict() for r in self.rows]} if self.rows else {}),
         }
 
     def summary(self) -> str:
@@ -105,6 +130,13 @@ class SpecStats:
             f"({self.accepted}/{self.drafted}), time draft/verify/other="
             f"{self.draft_time:.2f}/{self.verify_time:.2f}/{self.other_time:.2f}s"
         )
+
+
+def _add_lists(total: list[int], more: list[int]) -> None:
+    """total[i] += more[i], growing ``total`` as needed."""
+    total.extend([0] * (len(more) - len(total)))
+    for i, c in enumerate(more):
+        total[i] += c
 
 
 def _add_prefix(counts: list[int], n: int) -> None:

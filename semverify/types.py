@@ -21,12 +21,14 @@ class Draft:
     ``probs`` is the warped draft distribution q that ``tokens`` were drawn from; ``None`` marks a
     deterministic proposer (prompt lookup, retrieval), which lossless rules treat as one-hot.
     ``parents`` turns the draft into a tree: ``parents[i]`` is the index of node i's parent, or -1 for
-    a child of the last accepted token; ``None`` is a chain (a tree with one path).
+    a child of the last accepted token; ``None`` is a chain (a tree with one path). ``lengths`` [B]:
+    how many of each row's tokens are real when rows drafted different numbers (the rest is padding).
     """
 
     tokens: torch.LongTensor  # [B, n]
     probs: torch.FloatTensor | None = None  # [B, n, V]
     parents: torch.LongTensor | None = None  # [n]
+    lengths: torch.LongTensor | None = None  # [B]
 
     def __post_init__(self) -> None:
         if self.tokens.dim() != 2:

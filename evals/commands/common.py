@@ -48,6 +48,9 @@ def add_run_args(p: argparse.ArgumentParser, limit: int) -> None:
     p.add_argument("--datastore", default=None,
                    help="datastore file for the retrieval methods (rest, dresd, sense, ...); see `semverify "
                         "datastore`. A method may name its own: sense:drafter.datastore=FILE")
+    p.add_argument("--batch-size", type=positive_int, default=None,
+                   help="problems decoded together per method (default 1); speedups are then ratios of total "
+                        "tokens/s, since a problem's time includes its batch's")
     p.add_argument("--out", required=True, help="run folder; rerun the same command to resume")
 
 
@@ -56,13 +59,13 @@ def checked_run(args: argparse.Namespace, methods: str | None, configs: list[str
     from evals.benchmarks import get_benchmark
     from evals.runner import RunSettings
     from semverify.models import ModelLoadError, load_tokenizer
-    from semverify.registry import load_methods
+    from semverify.registry import drafter_kind, load_methods
 
     settings = RunSettings(
         target=args.target, draft=args.draft, dtype=args.dtype, benchmark=args.benchmark, data=args.data,
         template=args.template, limit=args.limit, max_new_tokens=args.max_new_tokens, do_sample=args.do_sample,
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed, datastore=args.datastore,
-        offset=args.offset,
+        offset=args.offset, batch_size=args.batch_size,
     )
     if not get_benchmark(args.benchmark).load(args.data, args.limit, offset=args.offset or 0):
         raise ValueError(f"--offset {args.offset} is past the last problem of --data {args.data}")
@@ -71,6 +74,10 @@ def checked_run(args: argparse.Namespace, methods: str | None, configs: list[str
     except ModelLoadError:
         tokenizer = None  # methods are checked without it; loading the target then reports the problem
     chosen = load_methods(methods, configs, settings.context(tokenizer))
+    unbatched = [m.name for m in chosen if (args.batch_size or 1) > 1 and not drafter_kind(m.drafter).batches]
+    if unbatched:
+        raise ValueError(f"methods {', '.join(unbatched)} draft for one sequence at a time (whole steps, retrieval "
+                         "trees); run them without --batch-size")
     storeless = [m.name for m in chosen if m.retrieves and m.datastore(args.datastore) is None]
     if storeless:
         raise ValueError(f"methods {', '.join(storeless)} draft by retrieval and need --datastore FILE "

@@ -53,6 +53,11 @@ class BaseDrafter:
     def feedback(self, outcome: StepOutcome) -> None:
         pass
 
+    def feedback_rows(self, outcomes: list[StepOutcome]) -> None:
+        """A batch drafter hears each row's outcome."""
+        for outcome in outcomes:
+            self.feedback(outcome)
+
 
 class NoDrafter(BaseDrafter):
     """Proposes nothing: the loop then decodes one target token per forward (the vanilla baseline)."""
@@ -61,3 +66,57 @@ class NoDrafter(BaseDrafter):
 
     def propose(self, input_ids, k, sampler, generator) -> Draft:
         return Draft.empty(input_ids.shape[0], input_ids.device)
+
+
+class PerRowDrafter:
+    """A batch drafted row by row: one single-sequence drafter per row (prompt lookup and retrieval
+    draft this way; their state is per row). Drafts are padded to one width, with their ``lengths``.
+    With one row, the drafter's own draft passes through as it is (a tree included)."""
+
+    def __init__(self, drafters: list) -> None:
+        self.drafters = drafters
+        self.gives_probs = all(d.gives_probs for d in drafters)
+        self.needs_target_hidden = any(d.needs_target_hidden for d in drafters)
+
+    def reset_rows(self, prompts: list[torch.LongTensor]) -> None:
+        for drafter, prompt in zip(self.drafters, prompts):
+            drafter.reset(prompt[None])
+
+    def propose_rows(self, sequences: list[torch.LongTensor], ks: list[int], sampler: Sampler,
+                     generators: list) -> Draft:
+        drafts = [d.propose(s[None], k, sampler, g) if k > 0 else Draft.empty(1, s.device)
+                  for d, s, k, g in zip(self.drafters, sequences, ks, generators)]
+        if len(drafts) == 1:
+            return drafts[0]
+        if any(d.is_tree for d in drafts):
+            raise NotImplementedError("tree drafts are verified for batch size 1 only; decode the prompts one at "
+                                      "a time")
+        return pad_drafts(drafts)
+
+    def commit_rows(self, accepted: list[int], next_tokens: torch.LongTensor,
+                    target_hidden: list[torch.Tensor | None]) -> None:
+        for drafter, n, token, hidden in zip(self.drafters, accepted, next_tokens, target_hidden):
+            drafter.commit(n, token[None], hidden)
+
+    def feedback_rows(self, outcomes: list[StepOutcome]) -> None:
+        for drafter, outcome in zip(self.drafters, outcomes):
+            drafter.feedback(outcome)
+
+    def keep_rows(self, rows: list[int]) -> None:
+        self.drafters = [self.drafters[i] for i in rows]
+
+
+def pad_drafts(drafts: list[Draft]) -> Draft:
+    """One chain draft [B, max length] from one-row chain drafts, with each row's length."""
+    width = max(d.length for d in drafts)
+    tokens = torch.zeros(len(drafts), width, dtype=torch.long)
+    for row, d in enumerate(drafts):
+        tokens[row, : d.length] = d.tokens[0]
+    probs = None
+    if width and all(d.probs is not None or d.length == 0 for d in drafts):
+        vocab = next(d.probs.shape[-1] for d in drafts if d.probs is not None)
+        probs = torch.zeros(len(drafts), width, vocab)
+        for row, d in enumerate(drafts):
+            if d.length:
+                probs[row, : d.length] = d.probs[0]
+    return Draft(tokens, probs, lengths=torch.tensor([d.length for d in drafts]))

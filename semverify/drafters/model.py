@@ -1,27 +1,32 @@
-"""A small language model as drafter, with its own KV cache rolled back to the accepted prefix."""
+"""A small language model as drafter: one batched forward per draft token for every row, and its own KV
+cache rolled back to each row's accepted prefix."""
 
 from __future__ import annotations
+
+from typing import Callable
 
 import torch
 from transformers import PreTrainedModel
 
-from ..cache import keep_first, new_cache
+from ..cache import RowCache
 from ..sampling import Sampler, sample_from
 from ..types import Draft, eos_ids
 from .base import BaseDrafter
 
 
 class ModelDrafter(BaseDrafter):
-    """Drafts k tokens autoregressively with ``model``, sampling through the loop's sampler.
+    """Drafts up to k tokens per row autoregressively with ``model``, sampling through the loop's sampler.
 
-    ``confidence_threshold`` stops a draft early once the draft's top probability falls below it
+    ``confidence_threshold`` stops a row's draft early once the draft's top probability falls below it
     (transformers' ``assistant_confidence_threshold`` idea): unlikely tokens waste draft forwards.
     A draft also ends at an end-of-sequence token (``eos_token_id``, by default the draft model's
-    generation config): nothing after it would ever be emitted.
+    generation config): nothing after it would ever be emitted. Rows of a batch draft together, each
+    with its own length and random stream, so every row drafts what it would draft alone.
     """
 
     gives_probs = True
     needs_target_hidden = False
+    batch_rows = True  # drafts a batch in lockstep (see propose_rows)
 
     def __init__(self, model: PreTrainedModel, confidence_threshold: float | None = None,
                  eos_token_id: int | list[int] | None = None) -> None:
@@ -32,46 +37,99 @@ class ModelDrafter(BaseDrafter):
         if eos_token_id is None:
             eos_token_id = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
         self.eos = set(eos_ids(eos_token_id))
-        self.cache = None
-        self._draft_start = 0
+        self.rows: RowCache | None = None
+        self.fed: list[int] = []  # tokens of each row's sequence held in the cache
+        self._added: list[torch.BoolTensor] = []  # columns fed during the last draft, per forward
+
+    @property
+    def cache(self):
+        """The draft model's transformers cache."""
+        return self.rows.cache
 
     def reset(self, input_ids: torch.LongTensor) -> None:
-        self.cache = new_cache(self.model, role="draft model")
+        self.reset_rows([input_ids[0]])
 
-    def propose(
-        self, input_ids: torch.LongTensor, k: int, sampler: Sampler, generator: torch.Generator | None
-    ) -> Draft:
+    def reset_rows(self, prompts: list[torch.LongTensor]) -> None:
+        self.rows = RowCache(self.model, len(prompts), role="draft model")
+        self.fed = [0] * len(prompts)
+
+    def propose(self, input_ids: torch.LongTensor, k: int, sampler: Sampler,
+                generator: torch.Generator | None) -> Draft:
         return self.draft_tokens(input_ids, k, sampler, generator)[0]
 
     def draft_tokens(self, input_ids: torch.LongTensor, k: int, sampler: Sampler, generator: torch.Generator | None,
-                     stop=None, keep_hidden: bool = False) -> tuple[Draft, torch.Tensor | None]:
-        """Up to k tokens, and with ``keep_hidden`` the last-layer hidden states [B, n, H] of the positions
-        that emitted them (else None); ``stop(tokens)`` ends the draft early after a token."""
-        self._draft_start = input_ids.shape[1]
-        feed = input_ids[:, self.cache.get_seq_length() :]
-        tokens, probs, hidden = [], [], []
-        for _ in range(k):
-            out = self.model(input_ids=feed, cache=self.cache, use_cache=True, logits_to_keep=1,
-                             output_hidden_states=keep_hidden)
+                     stop: Callable[[list[int]], bool] | None = None,
+                     keep_hidden: bool = False) -> tuple[Draft, torch.Tensor | None]:
+        """Up to k tokens after ``input_ids`` [1, T], and with ``keep_hidden`` the last-layer hidden states
+        [1, n, H] of the positions that emitted them (else None); ``stop(tokens)`` ends the draft early."""
+        draft, hidden = self.draft_rows([input_ids[0]], [k], sampler, [generator], stop, keep_hidden)
+        n = int(draft.lengths[0])
+        if n == 0:
+            return Draft.empty(1, input_ids.device), None
+        return Draft(draft.tokens[:, :n], draft.probs[:, :n]), None if hidden is None else hidden[:, :n]
+
+    def propose_rows(self, sequences: list[torch.LongTensor], ks: list[int], sampler: Sampler,
+                     generators: list) -> Draft:
+        """Up to ``ks[b]`` tokens after each row's sequence, padded to one width, with their ``lengths``."""
+        return self.draft_rows(sequences, ks, sampler, generators)[0]
+
+    def draft_rows(self, sequences: list[torch.LongTensor], ks: list[int], sampler: Sampler, generators: list,
+                   stop: Callable[[list[int]], bool] | None = None,
+                   keep_hidden: bool = False) -> tuple[Draft, torch.Tensor | None]:
+        """Up to ``ks[b]`` tokens after each row's sequence, drafted together: one forward per draft
+        token for all rows still drafting. Returns the padded draft with its ``lengths`` (and hidden states)."""
+        batch, most = len(sequences), max(ks)
+        pending = [seq[fed:] for seq, fed in zip(sequences, self.fed)]  # tokens the cache has not seen
+        width = max(len(p) for p in pending)
+        feed = torch.zeros(batch, width, dtype=torch.long)
+        valid = torch.zeros(batch, width, dtype=torch.bool)
+        for row, p in enumerate(pending):  # right-aligned: the last column is every row's newest token
+            feed[row, width - len(p) :], valid[row, width - len(p) :] = p, True
+        tokens = torch.zeros(batch, most, dtype=torch.long)
+        probs, hidden, lengths = [], [], [0] * batch
+        drafting = [k > 0 for k in ks]
+        self._added = []
+        for j in range(most):
+            if not any(drafting):
+                break
+            out = self.model(**self.rows.inputs(feed, valid), logits_to_keep=1, output_hidden_states=keep_hidden)
+            self.rows.extend(valid)
+            self._added.append(valid)
             logits = out.logits[:, -1]
+            q = sampler.probs(logits)
+            probs.append(q)
             if keep_hidden:
                 hidden.append(out.hidden_states[-1][:, -1])
-            q = sampler.probs(logits)
-            token = sample_from(q, generator) if sampler.do_sample else logits.argmax(dim=-1)
-            tokens.append(token)
-            probs.append(q)
-            feed = token[:, None]
-            if self.confidence_threshold is not None and float(q.max()) < self.confidence_threshold:
-                break
-            if stop is not None and stop(tokens):
-                break
-            if self.eos and all(int(t) in self.eos for t in token):
-                break
-        if not tokens:
-            return Draft.empty(input_ids.shape[0], input_ids.device), None
-        draft = Draft(tokens=torch.stack(tokens, dim=1), probs=torch.stack(probs, dim=1))
-        return draft, torch.stack(hidden, dim=1) if keep_hidden else None
+            for row in (r for r in range(batch) if drafting[r]):  # each row draws from its own stream
+                token = sample_from(q[row : row + 1], generators[row])[0] if sampler.do_sample else logits[row].argmax()
+                tokens[row, j] = token
+                lengths[row] += 1
+                row_tokens = tokens[row, : lengths[row]].tolist()
+                drafting[row] = not (lengths[row] == ks[row] or int(token) in self.eos
+                                     or (stop is not None and stop(row_tokens))
+                                     or (self.confidence_threshold is not None
+                                         and float(q[row].max()) < self.confidence_threshold))
+            feed, valid = tokens[:, j : j + 1], torch.tensor(drafting)[:, None]  # only rows that draft on
+        n = max(lengths)
+        draft_probs = torch.stack(probs, dim=1)[:, :n] if probs else None
+        return (Draft(tokens[:, :n], draft_probs, lengths=torch.tensor(lengths)),
+                torch.stack(hidden, dim=1)[:, :n] if keep_hidden and hidden else None)
 
     def commit(self, n_accepted: int, next_token: torch.LongTensor, target_hidden=None) -> None:
-        # The cache holds the prefix plus all draft tokens but the last; keep the accepted ones only.
-        keep_first(self.cache, min(self.cache.get_seq_length(), self._draft_start + n_accepted))
+        self.commit_rows([n_accepted], next_token, [target_hidden])
+
+    def commit_rows(self, accepted: list[int], next_tokens: torch.LongTensor, target_hidden=None) -> None:
+        """Keep in each row's cache its new tokens up to its accepted draft tokens; the rest become holes.
+        Column 0 of the last draft held the pending tokens, column j the draft token j-1 of rows still drafting."""
+        if not self._added:
+            return
+        kept = [self._added[0]] + [valid & torch.tensor([[j - 1 < n] for n in accepted])
+                                   for j, valid in enumerate(self._added[1:], start=1)]
+        kept = torch.cat(kept, dim=1)
+        self.fed = [fed + int(k.sum()) for fed, k in zip(self.fed, kept)]
+        self.rows.keep(kept)
+        self._added = []
+
+    def keep_rows(self, rows: list[int]) -> None:
+        self.rows.select(torch.tensor(rows, dtype=torch.long))
+        self.fed = [self.fed[i] for i in rows]

@@ -59,7 +59,7 @@ def _step_drafter(resources: DraftResources, k: int) -> StepDrafter:
 register_rule("semanticspec", make_semanticspec, contextual=True)
 register_rule("step_likelihood", StepLikelihood)
 register_rule("specreason", lambda context, **params: SpecReason(context.tokenizer, **params), contextual=True)
-register_drafter(DrafterKind("step", _step_drafter, needs=("draft_model",), default_k=128))
+register_drafter(DrafterKind("step", _step_drafter, needs=("draft_model",), default_k=128, batches=False))
 # whole steps of up to k tokens; probes found by the models' names
 register_method(Method("semanticspec", "step", "semanticspec", {"r_min": 0.5}, k=128))
 register_method(Method("step_likelihood", "step", "step_likelihood", {"min_mean_logprob": -0.5}, k=128))

@@ -21,6 +21,8 @@ class StepDrafter(ModelDrafter):
       emitted.
     """
 
+    batch_rows = False  # whole steps are drafted for one sequence at a time
+
     def __init__(self, model, segmenter: StepSegmenter, token_k: int = 5, target_first_step: bool = True,
                  confidence_threshold: float | None = None, eos_token_id: int | list[int] | None = None) -> None:
         super().__init__(model, confidence_threshold, eos_token_id)
@@ -43,8 +45,8 @@ class StepDrafter(ModelDrafter):
             draft: Draft = StepTokensDraft(tokens.tokens, tokens.probs)
         else:
             cap = min(k, self.segmenter.max_step_tokens)
-            tokens, hidden = self.draft_tokens(input_ids, cap, sampler, generator, keep_hidden=True,
-                                               stop=lambda toks: self.segmenter.ends_step([int(t[0]) for t in toks]))
+            tokens, hidden = self.draft_tokens(input_ids, cap, sampler, generator, stop=self.segmenter.ends_step,
+                                               keep_hidden=True)
             pooled = hidden.mean(dim=1) if hidden is not None else None
             draft = StepDraft(tokens.tokens, tokens.probs, pooled_hidden=pooled)
             self.step_start = input_ids.shape[1]

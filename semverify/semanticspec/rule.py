@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 
 from ..rules import AcceptanceRule
+from ..sampling import uniform
 from ..types import VerifyInput
 from .probe import ProbeError, SemanticProbe
 from .steps import StepRule
@@ -56,5 +57,5 @@ class SemanticStepRule(StepRule):
         p_t, p_d = self.probabilities(x)
         raw = p_t / p_d.clamp_min(self.eps)
         r = raw.clamp(max=1.0)
-        u = torch.rand(r.shape, generator=x.generator, device=r.device)
+        u = uniform(tuple(r.shape), x.generator, r.device)
         return (r >= self.r_min) & (u < r), {"p_target": p_t, "p_draft": p_d, "step_ratio": raw}

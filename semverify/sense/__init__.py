@@ -18,7 +18,7 @@ def _retrieval_kind(name: str, switches: dict) -> DrafterKind:
     def factory(resources: DraftResources, k: int, **params) -> RetrievalDrafter:
         return RetrievalDrafter(resources.datastore, **switches, **params)
 
-    return DrafterKind(name, factory, settings=(*settings, "datastore"), default_k=8, retrieval=True)
+    return DrafterKind(name, factory, settings=(*settings, "datastore"), default_k=8, retrieval=True, batches=False)
 
 
 register_rule("sense", SoftGate)

@@ -261,3 +261,20 @@ def test_speedups_compare_rows_of_one_machine_only(tmp_path):
     text = report(tmp_path)
     assert "machine: slow cpu (resumed on fast cpu)" in text
     assert "speedup of `draft_alone` over 2 of 3 problems" in text and "speedup of `vanilla`" not in text
+
+
+def test_a_batched_run_writes_the_rows_of_the_unbatched_one(tiny_checkpoint, tmp_path):
+    single, batched = tmp_path / "single", tmp_path / "batched"
+    main(compare_args(tiny_checkpoint, single, limit=3, extra=["--no-report"]))
+    main(compare_args(tiny_checkpoint, batched, limit=3, extra=["--batch-size", "2"]))
+    drop = {"batch"}
+    rows = {k: {f: v for f, v in r.items() if f not in drop} for k, r in comparable(read_rows(batched)).items()}
+    assert rows == comparable(read_rows(single))  # fp32 greedy: every problem's row is its batch-1 row
+    batch_sizes = sorted(r["batch"]["size"] for r in read_rows(batched) if "batch" in r)
+    assert batch_sizes == [2] * 8  # problems 0-1 in batches of two per method, problem 2 alone
+    summary = json.loads((batched / "summary.json").read_text())
+    assert summary["batched"] and summary["methods"]["vanilla"]["speedup"] == pytest.approx(1.0)
+    assert "ratio of total tokens/s (batches of 2" in (batched / "report.md").read_text()
+    with pytest.raises(SystemExit, match="step_likelihood draft for one sequence at a time"):
+        main(compare_args(tiny_checkpoint, tmp_path / "steps", extra=["--batch-size", "2", "--methods",
+                                                                       "step_likelihood"]))

@@ -53,9 +53,16 @@ def test_empty_prompt(target):
         generate(target, torch.empty(1, 0, dtype=torch.long), max_new_tokens=4)
 
 
-def test_batch_above_one(target):
-    with pytest.raises(NotImplementedError, match="batch size 1"):
-        generate(target, torch.arange(10).reshape(2, 5), max_new_tokens=4)
+def test_batches_must_be_left_padded_whole_prompts(target):
+    ids = torch.arange(10).reshape(2, 5)
+    with pytest.raises(ValueError, match="row 1 of the batch is padded on the right"):
+        generate(target, ids, attention_mask=torch.tensor([[1] * 5, [1, 1, 1, 0, 0]]), max_new_tokens=4)
+    with pytest.raises(ValueError, match="attention_mask has shape \\(2, 4\\) but input_ids \\(2, 5\\)"):
+        generate(target, ids, attention_mask=torch.ones(2, 4), max_new_tokens=4)
+    with pytest.raises(ValueError, match="row 0 of the batch is all padding"):
+        generate(target, ids, attention_mask=torch.tensor([[0] * 5, [1] * 5]), max_new_tokens=4)
+    with pytest.raises(ValueError, match="streamer takes one sequence"):
+        generate(target, ids, streamer=object(), max_new_tokens=4)
 
 
 def test_rule_needs_probabilities_the_drafter_lacks(target):
@@ -80,9 +87,9 @@ def test_two_drafters_at_once(target):
         generate(target, IDS, assistant_model=target, prompt_lookup_num_tokens=3, max_new_tokens=4)
 
 
-def test_padding_mask(target):
-    with pytest.raises(NotImplementedError, match="attention_mask"):
-        generate(target, IDS, attention_mask=torch.tensor([[0] + [1] * 9]), max_new_tokens=4)
+def test_tree_drafts_need_batch_size_one(target):
+    with pytest.raises(NotImplementedError, match="batch size 1"):
+        generate(target, torch.arange(10).reshape(2, 5), drafter=TreeDrafter(), max_new_tokens=4)
 
 
 def test_tree_draft_is_refused_when_sampling(target):

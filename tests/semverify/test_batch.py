@@ -1,0 +1,169 @@
+"""Batches: left-padded rows, each with its own accepted lengths, EOS and random stream.
+
+Greedy fp32 rows equal transformers' batched ``generate`` on the same padded batch and their own
+batch-1 outputs; sampled rows draw what they draw alone, and follow the target's distribution.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from semverify import Sampler, SpeculativeSampling, Verdict, generate
+from semverify.cache import RowCache
+from semverify.drafters import ModelDrafter, PromptLookupDrafter
+from semverify.loop import speculative_generate
+from semverify.registry import get_rule
+from semverify.rules import prefix_mask
+from semverify.sampling import sample_from
+from tests.helpers import tiny_model
+
+
+def left_padded(rows: list[torch.Tensor], pad: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(r) for r in rows)
+    ids = torch.stack([torch.cat([torch.full((width - len(r),), pad), r]) for r in rows])
+    mask = torch.stack([torch.cat([torch.zeros(width - len(r)), torch.ones(len(r))]) for r in rows]).long()
+    return ids, mask
+
+
+def prompts(seed: int, lengths=(7, 12, 3, 9)) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(1, 96, (n,), generator=g) for n in lengths]
+
+
+DRAFTS = {"draft model": lambda draft: dict(assistant_model=draft), "prompt lookup": lambda draft: dict(
+    prompt_lookup_num_tokens=3), "none": lambda draft: {}}
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("drafting", list(DRAFTS))
+def test_greedy_rows_equal_transformers_batched_and_their_own_batch_one(seed, drafting):
+    target, draft = tiny_model(seed, arch="llama"), tiny_model(seed + 10, arch="llama")
+    rows = prompts(seed)
+    ids, mask = left_padded(rows)
+    kwargs = DRAFTS[drafting](draft)
+    out = generate(target, ids, attention_mask=mask, max_new_tokens=24, pad_token_id=0, return_dict_in_generate=True,
+                   num_assistant_tokens=4, **kwargs)
+    expected = target.generate(ids, attention_mask=mask, max_new_tokens=24, do_sample=False, pad_token_id=0)
+    assert torch.equal(out.sequences, expected)
+    for row, prompt in enumerate(rows):
+        alone = generate(target, prompt[None], max_new_tokens=24, num_assistant_tokens=4, **kwargs)
+        assert torch.equal(out.sequences[row, ids.shape[1]:], alone[0, len(prompt):])
+    stats = out.spec_stats
+    assert len(stats.rows) == 4 and stats.new_tokens == sum(r.new_tokens for r in stats.rows) == 4 * 24
+    assert stats.steps == sum(r.steps for r in stats.rows)
+
+
+def test_each_row_stops_at_its_own_eos_and_leaves_the_batch():
+    target, draft = tiny_model(3, arch="llama"), tiny_model(13, arch="llama")
+    rows = prompts(3)
+    ids, mask = left_padded(rows)
+    free = target.generate(ids, attention_mask=mask, max_new_tokens=12, do_sample=False, pad_token_id=0)
+    eos = int(free[1, ids.shape[1] + 2])  # the third token of row 1 ends it
+    sizes = []
+    out, stats = speculative_generate(target, ids, attention_mask=mask, drafter=ModelDrafter(draft, eos_token_id=[]),
+                                      rule=get_rule("greedy"), num_draft_tokens=3, max_new_tokens=12,
+                                      eos_token_id=eos, pad_token_id=0,
+                                      on_step=lambda e: sizes.append(e.target_cache.layers[0].keys.shape[0]))
+    expected = target.generate(ids, attention_mask=mask, max_new_tokens=12, do_sample=False, pad_token_id=0,
+                               eos_token_id=eos)
+    assert torch.equal(out[:, : expected.shape[1]], expected)
+    ended = [r for r in range(4) if eos in out[r, ids.shape[1]:].tolist()]
+    assert 1 in ended and all(stats.rows[r].new_tokens < 12 for r in ended)
+    assert sizes[0] == 4 and sizes[-1] < 4  # finished rows stop costing work
+
+
+@pytest.mark.parametrize("drafting", ["draft model", "prompt lookup"])
+def test_sampled_rows_draw_what_they_draw_alone(drafting):
+    target, draft = tiny_model(4, arch="llama"), tiny_model(14, arch="llama")
+    rows = prompts(4)
+    ids, mask = left_padded(rows)
+    kwargs = dict(do_sample=True, temperature=0.9, top_k=20, max_new_tokens=20, num_assistant_tokens=4,
+                  **DRAFTS[drafting](draft))
+    out = generate(target, ids, attention_mask=mask, pad_token_id=0,
+                   generator=[torch.Generator().manual_seed(50 + r) for r in range(4)], **kwargs)
+    for row, prompt in enumerate(rows):
+        alone = generate(target, prompt[None], generator=torch.Generator().manual_seed(50 + row), **kwargs)
+        assert torch.equal(out[row, ids.shape[1]:], alone[0, len(prompt):])
+    with pytest.raises(ValueError, match="one generator per row"):
+        generate(target, ids, attention_mask=mask, generator=[torch.Generator()], **kwargs)
+
+
+# -- the target's distribution, per row of a batch ------------------------------------------------------
+
+V = 8
+ROWS = [torch.tensor([1, 2, 3, 1, 2]), torch.tensor([4, 5])]
+
+
+class AcceptEverything(SpeculativeSampling):
+    """Deliberately broken: keeps every draft token (so the output follows the drafter)."""
+
+    def __call__(self, x):
+        n = torch.full((x.draft.tokens.shape[0],), x.k, dtype=torch.long)
+        return Verdict(n, sample_from(x.target_probs[:, -1], x.generator), {"ratio": prefix_mask(n, x.k)})
+
+
+def row_fit(target, draft, rule, copies: int = 6, calls: int = 250) -> list[float]:
+    """Chi-square p-values, one per prompt of ROWS, of sampled two-token continuations decoded in
+    batches of ``copies`` copies of each prompt, against the exact distribution of that prompt."""
+    sampler = Sampler(True, 1.0)
+    batch = [r for r in ROWS for _ in range(copies)]
+    ids, mask = left_padded(batch)
+    counts = torch.zeros(len(ROWS), V * V)
+    streams = [torch.Generator().manual_seed(row) for row in range(len(batch))]
+    for _ in range(calls):
+        out, _ = speculative_generate(target, ids, attention_mask=mask, drafter=ModelDrafter(draft), rule=rule,
+                                      num_draft_tokens=2, max_new_tokens=2, sampler=sampler, generator=streams)
+        for row in range(len(batch)):
+            counts[row // copies, out[row, -2] * V + out[row, -1]] += 1
+    p_values = []
+    with torch.inference_mode():
+        for prompt, observed in zip(ROWS, counts):
+            p1 = sampler.probs(target(prompt[None]).logits[0, -1])
+            seqs = torch.cat([prompt.repeat(V, 1), torch.arange(V)[:, None]], dim=1)
+            exact = (p1[:, None] * sampler.probs(target(seqs).logits[:, -1])).flatten() * observed.sum()
+            big = exact >= 5
+            obs = torch.cat([observed[big], observed[~big].sum()[None]]).numpy()
+            exp = torch.cat([exact[big], exact[~big].sum()[None]]).numpy()
+            p_values.append(chisquare(obs, exp * obs.sum() / exp.sum()).pvalue)
+    return p_values
+
+
+def test_every_row_of_a_sampled_batch_follows_the_target():
+    target, draft = tiny_model(0, vocab=V, init_std=0.5), tiny_model(1, vocab=V, init_std=0.5)
+    assert min(row_fit(target, draft, SpeculativeSampling())) > 1e-3
+    assert max(row_fit(target, draft, AcceptEverything())) < 1e-6  # the negative control is caught
+
+
+def test_row_cache_holes_and_packing_keep_what_each_row_attends_to():
+    model = tiny_model(5, arch="llama")
+    rows = prompts(5, lengths=(6, 9))
+    ids, mask = left_padded(rows)
+    cache = RowCache(model, 2)
+    with torch.inference_mode():
+        model(**cache.inputs(ids, mask.bool()))
+        cache.extend(mask.bool())
+        extra = torch.tensor([[11, 12, 13], [21, 22, 23]])
+        model(**cache.inputs(extra))
+        cache.extend(torch.ones(2, 3, dtype=torch.bool))
+        cache.keep(torch.tensor([[True, False, False], [True, True, True]]))  # row 0 rejects 12, 13: holes
+        assert cache.length == ids.shape[1] + 3 and cache.next_position.tolist() == [7, 12]
+        cache.pack()
+        assert cache.length == 12 and cache.valid.sum(-1).tolist() == [7, 12]
+        probe = torch.tensor([[31], [32]])
+        got = model(**cache.inputs(probe)).logits[:, -1]
+        for row, tokens in enumerate([torch.cat([rows[0], torch.tensor([11, 31])]),
+                                      torch.cat([rows[1], torch.tensor([21, 22, 23, 32])])]):
+            torch.testing.assert_close(got[row], model(tokens[None]).logits[0, -1], rtol=1e-4, atol=1e-5)
+
+
+def test_prompt_lookup_drafts_per_row_with_its_own_lengths():
+    target = tiny_model(6, arch="llama")
+    rows = [torch.tensor([5, 6, 7, 5, 6, 7, 5, 6]), torch.tensor([9, 10, 11, 12])]  # only row 0 repeats
+    ids, mask = left_padded(rows)
+    out = generate(target, ids, attention_mask=mask, drafter=PromptLookupDrafter(2), max_new_tokens=6,
+                   pad_token_id=0, return_dict_in_generate=True)
+    assert out.spec_stats.rows[0].drafted > 0
+    assert torch.equal(out.sequences, target.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=False,
+                                                      pad_token_id=0))
