@@ -1,0 +1,30 @@
+"""``semverify throughput``: total tokens/s at several batch sizes, the target alone beside speculative decoding."""
+
+from __future__ import annotations
+
+import argparse
+
+from evals.throughput import METHODS, run_throughput
+from semverify.commands import Command, positive_int
+
+from .common import add_models
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    add_models(p)
+    p.add_argument("--data", default="auto", help="'auto' (the shipped dev problems), 'sample', a jsonl path or 'hub'")
+    p.add_argument("--prompts", type=positive_int, default=8, help="prompts, a multiple of the largest batch size")
+    p.add_argument("--batch-sizes", default="1,2,4,8")
+    p.add_argument("--max-new-tokens", type=positive_int, default=128)
+    p.add_argument("--k", type=positive_int, default=5, help="draft tokens per step")
+    p.add_argument("--methods", default=",".join(METHODS))
+    p.add_argument("--out", default="results/batch")
+
+
+def run(args: argparse.Namespace) -> int:
+    print(run_throughput(args))
+    return 0
+
+
+COMMAND = Command("throughput", "total tokens/s at several batch sizes: the target alone against speculative decoding",
+                  configure, run)
