@@ -7,11 +7,13 @@ import warnings
 from dataclasses import dataclass
 
 import torch
-from transformers import GenerationConfig, PreTrainedModel
+from transformers import GenerationConfig, LogitsProcessorList, PreTrainedModel, StoppingCriteriaList
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from .drafters import Drafter
-from .loop import speculative_generate
+from .generation_config import processors, refuse_unsupported, setting
+from .generation_config import stopping_criteria as build_criteria
+from .loop import prompt_rows, speculative_generate
 from .registry import DraftResources, RunContext, drafter_kind, get_rule, make_drafter
 from .rules import AcceptanceRule
 from .sampling import Sampler
@@ -19,22 +21,6 @@ from .stats import SpecStats
 from .types import eos_ids
 
 DEFAULT_NUM_DRAFT_TOKENS = 5
-
-# transformers' defaults for the fields semverify reads when a config leaves them unset.
-_DEFAULTS = {
-    "do_sample": False, "temperature": 1.0, "top_k": 50, "top_p": 1.0, "max_length": 20,
-    "assistant_confidence_threshold": 0.4, "max_matching_ngram_size": 2,
-}
-# Logits processors and search modes the loop does not apply yet, with their neutral values.
-_UNSUPPORTED = {
-    "num_beams": (None, 1), "num_return_sequences": (None, 1), "repetition_penalty": (None, 1.0),
-    "no_repeat_ngram_size": (None, 0), "min_new_tokens": (None, 0), "min_length": (None, 0),
-    "typical_p": (None, 1.0), "min_p": (None,), "epsilon_cutoff": (None, 0.0), "eta_cutoff": (None, 0.0),
-    "bad_words_ids": (None,), "sequence_bias": (None,), "suppress_tokens": (None,),
-    "begin_suppress_tokens": (None,), "forced_bos_token_id": (None,), "forced_eos_token_id": (None,),
-    "output_scores": (None, False), "output_logits": (None, False), "output_attentions": (None, False),
-    "output_hidden_states": (None, False), "guidance_scale": (None, 1.0),
-}
 
 
 @dataclass
@@ -59,6 +45,8 @@ def generate(
     assistant_tokenizer=None,
     attention_mask: torch.Tensor | None = None,
     generator: torch.Generator | list[torch.Generator] | None = None,
+    logits_processor: LogitsProcessorList | None = None,
+    stopping_criteria: StoppingCriteriaList | None = None,
     acceptance: str | AcceptanceRule | None = None,
     **kwargs,
 ) -> torch.LongTensor | SpecGenerateOutput:
@@ -72,7 +60,12 @@ def generate(
     with it), prompt lookup when ``prompt_lookup_num_tokens`` is set, a custom ``drafter``, or none
     (one target token per step). ``num_assistant_tokens`` (argument or config field) is the draft
     length k (default 5; a step rule's step cap 128). Sampling settings, ``max_new_tokens`` and
-    ``eos_token_id`` come from ``kwargs`` and ``generation_config`` as in transformers. Returns the
+    ``eos_token_id`` come from ``kwargs`` and ``generation_config`` as in transformers, and so do the
+    logits processors it builds (``repetition_penalty``, ``min_new_tokens``, ``no_repeat_ngram_size``,
+    ``bad_words_ids``, ... plus ``logits_processor``), applied at every verified position with its own
+    prefix and to the draft model's distribution; ``stop_strings`` (with ``tokenizer``), ``max_time``
+    and ``stopping_criteria`` end a row at the first token after which they hold. Settings it does not
+    do raise an error naming them (see :mod:`semverify.generation_config`). Returns the
     sequences, or with ``return_dict_in_generate=True`` a :class:`SpecGenerateOutput` whose
     ``spec_stats`` holds the call's statistics. Random draws use ``generator`` or one seeded from
     torch's global RNG, so ``torch.manual_seed`` makes sampled runs repeatable. ``acceptance`` is the
@@ -85,12 +78,14 @@ def generate(
     if input_ids is None:
         raise ValueError("pass the prompt token ids as inputs or input_ids")
     config = copy.deepcopy(generation_config if generation_config is not None else model.generation_config)
-    unused = config.update(**kwargs)
-    if unused:
-        raise TypeError(f"generate() got unexpected keyword arguments: {', '.join(sorted(unused))}")
-    _refuse_unsupported(config)
-
-    sampler = Sampler(*(_setting(config, name) for name in ("do_sample", "temperature", "top_k", "top_p")))
+    unknown = sorted(k for k in kwargs if not hasattr(config, k))
+    if unknown:
+        raise TypeError(f"generate() got unexpected keyword arguments: {', '.join(unknown)}")
+    refuse_unsupported(config, kwargs)  # before transformers validates the settings it would not use here
+    config.update(**kwargs)
+    prompts = prompt_rows(input_ids, attention_mask)
+    sampler = Sampler(*(setting(config, name) for name in ("do_sample", "temperature", "top_k", "top_p")),
+                      processors=processors(model, config, prompts, logits_processor))
     context = RunContext.for_decoding(getattr(assistant_model, "name_or_path", None), model.name_or_path,
                                       sampler.do_sample, sampler.temperature, tokenizer)
     rule = get_rule(rule, context)
@@ -98,7 +93,7 @@ def generate(
                                config, tokenizer, assistant_tokenizer)
     max_new = config.max_new_tokens
     if max_new is None:
-        max_new = _setting(config, "max_length") - input_ids.shape[1]
+        max_new = setting(config, "max_length") - input_ids.shape[1]
     generator = row_generators(generator, input_ids.shape[0], input_ids.device)
     if streamer is not None and input_ids.shape[0] == 1:
         streamer.put(input_ids.cpu())
@@ -108,6 +103,7 @@ def generate(
         max_new_tokens=max_new, sampler=sampler, eos_token_id=config.eos_token_id,
         generator=generator, streamer=streamer, attention_mask=attention_mask,
         pad_token_id=config.pad_token_id if config.pad_token_id is not None else (eos[0] if eos else None),
+        stopping_criteria=build_criteria(config, tokenizer, stopping_criteria),
     )
     if config.return_dict_in_generate:
         return SpecGenerateOutput(sequences=sequences, spec_stats=stats)
@@ -128,21 +124,6 @@ def row_generators(generator: torch.Generator | list[torch.Generator] | None, ba
     seeds = [int(torch.randint(2**62, (1,), generator=generator)) for _ in range(batch)]
     streams = [torch.Generator(device=device).manual_seed(seed) for seed in seeds]
     return streams[0] if batch == 1 else streams
-
-
-def _setting(config: GenerationConfig, name: str):
-    """A config field, or transformers' default for it when the config leaves it unset."""
-    value = getattr(config, name, None)
-    return _DEFAULTS.get(name) if value is None else value
-
-
-def _refuse_unsupported(config: GenerationConfig) -> None:
-    bad = [f"{name}={getattr(config, name)!r}" for name, neutral in _UNSUPPORTED.items()
-           if getattr(config, name, None) not in neutral]
-    if bad:
-        raise NotImplementedError(
-            f"semverify.generate does not apply {', '.join(bad)} yet; pass neutral values to decode without them"
-        )
 
 
 def _pick_drafter(model, rule, assistant_model, drafter, num_assistant_tokens, prompt_lookup_num_tokens,
@@ -166,8 +147,8 @@ def _pick_drafter(model, rule, assistant_model, drafter, num_assistant_tokens, p
     if drafter is not None:
         return drafter, k
     resources = DraftResources(draft_model=assistant_model, tokenizer=tokenizer, eos_token_id=config.eos_token_id,
-                               confidence_threshold=_setting(config, "assistant_confidence_threshold"),
-                               max_matching_ngram_size=_setting(config, "max_matching_ngram_size"))
+                               confidence_threshold=setting(config, "assistant_confidence_threshold"),
+                               max_matching_ngram_size=setting(config, "max_matching_ngram_size"))
     return make_drafter(kind, resources, k), k
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch
-from transformers import PreTrainedModel
+from transformers import PreTrainedModel, StoppingCriteriaList
 
 from .cache import RowCache, keep_first
 from .drafters.base import Drafter, PerRowDrafter
@@ -53,18 +53,20 @@ def speculative_generate(
     on_step: Callable[[StepEvent], None] | None = None,
     attention_mask: torch.Tensor | None = None,
     pad_token_id: int | None = None,
+    stopping_criteria: StoppingCriteriaList | None = None,
 ) -> tuple[torch.LongTensor, SpecStats]:
     """Generate up to ``max_new_tokens`` after each row of ``input_ids`` [B, T]; returns (sequences, stats).
 
     Rows may be left-padded (``attention_mask``, as transformers batches). Each step the drafter
     proposes at most ``num_draft_tokens`` tokens per row (never more than the row's budget left minus
     the token the target always adds), the target scores all rows in one forward pass, and ``rule``
-    keeps a prefix plus one token per row. A row stops after an EOS token, as transformers does; the
-    returned rows are padded on the right with ``pad_token_id``. ``generator``: one, or one per row
+    keeps a prefix plus one token per row. A row stops after an EOS token, as transformers does, or at
+    the first token after which ``stopping_criteria`` (transformers' criteria: stop strings, time...)
+    hold; the returned rows are padded on the right with ``pad_token_id``. ``generator``: one, or one per row
     (then a row draws exactly what it would draw alone). ``stats`` pools the rows; ``stats.rows`` has
     each row's own when B > 1.
     """
-    prompts = _prompts(input_ids, attention_mask)
+    prompts = prompt_rows(input_ids, attention_mask)
     _check_call(drafter, rule, num_draft_tokens, max_new_tokens, len(prompts), streamer)
     batch = len(prompts)
     streams = generator if isinstance(generator, (list, tuple)) else [generator] * batch
@@ -96,13 +98,14 @@ def speculative_generate(
             out = target(**inputs, logits_to_keep=draft.length + 1, output_hidden_states=want_hidden)
             cache.extend(new_valid)
             hidden = out.hidden_states[-1][:, -(draft.length + 1) :] if want_hidden else None
-            x = VerifyInput(draft, sampler.warp(out.logits), sampler.do_sample, hidden,
+            x = VerifyInput(draft, sampler.warp(out.logits, sequences, draft.tokens), sampler.do_sample, hidden,
                             gens[0] if batch == 1 else gens,
                             extend=extender(target, cache) if batch == 1 and not draft.is_tree else None)
             paths, verdict = verify_rows(rule, x)
             t2 = time.perf_counter()
             # 3. emit each row's accepted path and the rule's token (up to an EOS); keep exactly that cached
-            emitted = [emit(draft, i, paths[i], verdict, eos) for i in range(len(active))]
+            emitted = [emit(draft, i, paths[i], verdict, eos, sequences[i], stopping_criteria)
+                       for i in range(len(active))]
             commit_cache(cache, start, pending.shape[1], draft, paths, [e[1] for e in emitted])
             hiddens = [None if hidden is None else hidden[i : i + 1, [0, *(j + 1 for j in paths[i])]]
                        for i in range(len(active))]
@@ -125,6 +128,7 @@ def speculative_generate(
             if len(going) < len(active):
                 cache.select(torch.tensor(going, dtype=torch.long))
                 rows.keep_rows(going)
+            sampler = sampler.rows(going)
             pending = verdict.next_token[going, None]
             pending_valid = torch.ones_like(pending, dtype=torch.bool)
             active = [active[i] for i in going]
@@ -201,18 +205,23 @@ def _rows_input(x: VerifyInput, rows: torch.LongTensor, length: int) -> VerifyIn
                        [x.generator[i] for i in rows.tolist()])
 
 
-def emit(draft: Draft, row: int, path: list[int], verdict: Verdict, eos: torch.Tensor
-         ) -> tuple[torch.LongTensor, int, dict[str, torch.Tensor], bool]:
-    """The tokens a verdict adds to ``row``: its accepted path, then the rule's token, cut after the first
-    EOS (nothing after it is emitted, nor counted as accepted). Returns (tokens, accepted, the row's
-    reasons as [1, positions] masks, whether an EOS ended it)."""
+def emit(draft: Draft, row: int, path: list[int], verdict: Verdict, eos: torch.Tensor, sequence: torch.LongTensor,
+         stopping_criteria: StoppingCriteriaList | None = None) -> tuple[torch.LongTensor, int, dict, bool]:
+    """The tokens a verdict adds to ``row`` (whose text so far is ``sequence``): its accepted path, then
+    the rule's token, cut after the first EOS or the first token after which ``stopping_criteria`` hold
+    (nothing after it is emitted, nor counted as accepted). Returns (tokens, accepted, the row's
+    reasons as [1, positions] masks, whether the row ended)."""
     n = int(verdict.n_accepted[row])
     emitted = torch.cat([draft.tokens[row, path[:n]], verdict.next_token[row : row + 1]])
     reasons = {name: mask[row : row + 1, : len(path)] for name, mask in verdict.reasons.items()}
-    stops = torch.isin(emitted, eos).nonzero()
-    if not len(stops):
+    end = next((int(i) + 1 for i in torch.isin(emitted, eos).nonzero()[:1].flatten()), None)
+    if stopping_criteria:
+        for j in range(1, (end or len(emitted)) + 1):
+            if bool(stopping_criteria(torch.cat([sequence, emitted[:j]])[None], None).any()):
+                end = j
+                break
+    if end is None:
         return emitted, n, reasons, False
-    end = int(stops[0]) + 1
     return emitted[:end], min(n, end), {name: mask[:, :end] for name, mask in reasons.items()}, True
 
 
@@ -226,7 +235,7 @@ def commit_cache(cache: RowCache, start: int, pending: int, draft: Draft, paths:
     cache.keep(torch.cat([torch.ones(len(accepted), pending, dtype=torch.bool), kept], dim=1))
 
 
-def _prompts(input_ids: torch.LongTensor, attention_mask: torch.Tensor | None) -> list[torch.LongTensor]:
+def prompt_rows(input_ids: torch.LongTensor, attention_mask: torch.Tensor | None) -> list[torch.LongTensor]:
     """Each row's prompt without its left padding; right padding and all-padding rows are refused."""
     if input_ids.dim() != 2:
         raise ValueError(f"input_ids must be [batch, length], got shape {tuple(input_ids.shape)}")
@@ -297,6 +306,9 @@ def _check_call(drafter, rule, num_draft_tokens, max_new_tokens, batch, streamer
 def _check_draft(draft: Draft, ks: list[int], rule: AcceptanceRule, sampler: Sampler) -> None:
     k = max(ks)
     if draft.is_tree:
+        if sampler.processors is not None:
+            raise NotImplementedError("logits processors (repetition_penalty, min_new_tokens, ...) are applied to "
+                                      "chain drafts; use a chain drafter with them")
         if sampler.do_sample:
             raise NotImplementedError("tree drafts are verified path by path, which is exact for greedy "
                                       "decoding only; use do_sample=False or a chain drafter")

@@ -96,7 +96,9 @@ class ModelDrafter(BaseDrafter):
             self.rows.extend(valid)
             self._added.append(valid)
             logits = out.logits[:, -1]
-            q = sampler.probs(logits)
+            prefixes = None if sampler.processors is None else [  # logits processors see each row's prefix
+                torch.cat([seq, tokens[row, : lengths[row]]]) for row, seq in enumerate(sequences)]
+            q = sampler.probs(logits, prefixes)
             probs.append(q)
             if keep_hidden:
                 hidden.append(out.hidden_states[-1][:, -1])

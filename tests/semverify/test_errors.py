@@ -77,9 +77,9 @@ def test_unknown_rule_and_kwargs(target):
         generate(target, IDS, max_new_tokens=4, not_a_setting=3)
 
 
-def test_unsupported_processor_is_named(target):
-    with pytest.raises(NotImplementedError, match="repetition_penalty=1.2"):
-        generate(target, IDS, max_new_tokens=4, repetition_penalty=1.2)
+def test_unsupported_setting_is_named(target):
+    with pytest.raises(NotImplementedError, match="num_beams=2"):
+        generate(target, IDS, max_new_tokens=4, num_beams=2)
 
 
 def test_two_drafters_at_once(target):
