@@ -1,8 +1,13 @@
-"""Benchmarks as a small registry; GSM8K from the data shipped with semverify, a local jsonl, or the hub.
+"""Benchmarks as a small protocol: load problems, write the prompt's messages, grade an output.
 
-Shipped (``evals/data``, MIT, see GSM8K_LICENSE): the train split (7,473 problems; calibration,
-datastores, probes and few-shot prompts use it) and the first 500 problems of the test split (the dev
-problems every committed run uses; ``sample`` is their first 20). Nothing is read from outside the package.
+Each benchmark reads the data shipped with semverify (``evals/data``, licences beside it), a local
+jsonl file, or its hub id through ``datasets``; nothing is read from outside the package.
+
+- GSM8K (MIT): the train split (7,473 problems; calibration, datastores, probes and few-shot prompts use
+  it) and the first 500 problems of the test split (the dev problems every committed run uses; ``sample``
+  is their first 20).
+- MATH-500 (MIT): the 500 MATH test problems of "Let's Verify Step by Step", graded with Math-Verify
+  against the gold LaTeX answer, with accuracy per subject and level in the report.
 """
 
 from __future__ import annotations
@@ -10,23 +15,27 @@ from __future__ import annotations
 import gzip
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+
+from .grading import GRADERS, MATH_GRADERS, grade, grade_math
 
 DATA = Path(__file__).parent / "data"
 TRAIN = DATA / "gsm8k_train.jsonl.gz"
 DEV = DATA / "gsm8k_test_dev.jsonl"
+MATH500_FILE = DATA / "math500_test.jsonl"
 SAMPLE_SIZE = 20
 INSTRUCTION = "Solve the problem step by step, then end with 'Final Answer: <number>'."
-TEMPLATES = ("chat", "fewshot")
+MATH_INSTRUCTION = "Solve the problem step by step, and put your final answer within \\boxed{}."
 
 
 @dataclass(frozen=True)
 class Problem:
     id: int
     question: str
-    answer: str  # the gold final answer as written after '####'
+    answer: str  # the gold final answer
     solution: str = ""
+    meta: dict = field(default_factory=dict)  # what accuracy is broken down by (MATH-500: subject, level)
 
 
 def read_jsonl(path: Path, fields: tuple[str, ...]) -> list[dict]:
@@ -50,52 +59,91 @@ def read_jsonl(path: Path, fields: tuple[str, ...]) -> list[dict]:
     return rows
 
 
-class GSM8K:
-    """Grade-school maths word problems (Cobbe et al. 2021), graded on the final number."""
+class Benchmark:
+    """Loading, prompts and grading of one benchmark; subclasses fill in the specifics."""
 
-    name = "gsm8k"
-    fields = ("question", "answer")
+    name = ""
+    fields: tuple[str, ...] = ()  # what every data row must have
+    hub: tuple[str, str | None] = ("", None)  # dataset id and config for ``--data hub``
+    templates: tuple[str, ...] = ("chat",)
+    graders: tuple[str, ...] = ()
+    groups: tuple[str, ...] = ()  # problem meta keys the report breaks accuracy down by
+
+    def shipped(self, split: str) -> Path:
+        raise ValueError(f"{self.name} ships no {split} split; pass --data PATH or 'hub'")
 
     def source_file(self, source: str, split: str = "test") -> Path | None:
         """The file ``source`` reads (None for the hub): ``auto`` and ``sample`` are the shipped files."""
         if source == "hub":
             return None
         if source in ("auto", "sample"):
-            return TRAIN if split == "train" else DEV
+            return self.shipped(split)
         path = Path(source)
         if not path.is_file():
-            raise FileNotFoundError(f"GSM8K data file not found: {path} (use --data PATH, 'auto', 'sample' or 'hub')")
+            raise FileNotFoundError(f"{self.name} data file not found: {path} (use --data PATH, 'auto', 'sample' "
+                                    "or 'hub')")
         return path
 
     def load(self, source: str = "auto", limit: int | None = None, split: str = "test",
              offset: int = 0) -> list[Problem]:
         """Problems in file order, ``limit`` of them from position ``offset`` (a problem's id is its position,
-        so it keeps its id and seed in any run). ``source``: ``"auto"`` (the shipped split), ``"sample"``
-        (its first 20), a jsonl path (fields ``question`` and ``answer`` ending in ``#### <number>``), or
-        ``"hub"`` (openai/gsm8k through ``datasets``)."""
+        so it keeps its id and seed in any run). ``source``: ``"auto"`` (shipped), ``"sample"`` (its first
+        20), a jsonl path, or ``"hub"`` (through ``datasets``)."""
         path = self.source_file(source, split)
-        if path is None:
-            import datasets
-
-            try:
-                items = list(datasets.load_dataset("openai/gsm8k", "main", split=split))
-            except Exception as err:  # offline, no hub access, or not cached
-                raise FileNotFoundError(
-                    f"could not load openai/gsm8k from the hub ({type(err).__name__}: {err}); "
-                    "pass --data PATH to a local jsonl, or --data auto for the shipped problems"
-                ) from err
-        else:
-            items = read_jsonl(path, self.fields)
+        items = read_jsonl(path, self.fields) if path is not None else self._hub(split)
         if source == "sample":
             items = items[:SAMPLE_SIZE]
         rows = items[offset:] if limit is None else items[offset : offset + limit]
-        return [Problem(offset + i, r["question"], r["answer"].split("####")[-1].strip().replace(",", ""), r["answer"])
-                for i, r in enumerate(rows)]
+        return [self.problem(offset + i, row) for i, row in enumerate(rows)]
+
+    def _hub(self, split: str) -> list[dict]:
+        import datasets
+
+        name, config = self.hub
+        try:
+            return list(datasets.load_dataset(name, config, split=split))
+        except Exception as err:  # offline, no hub access, or not cached
+            raise FileNotFoundError(f"could not load {name} from the hub ({type(err).__name__}: {err}); pass "
+                                    "--data PATH to a local jsonl, or --data auto for the shipped problems") from err
+
+    def problem(self, i: int, row: dict) -> Problem:
+        raise NotImplementedError
+
+    def messages(self, problem: Problem, template: str = "chat") -> list[dict]:
+        raise NotImplementedError
+
+    def check_template(self, template: str) -> None:
+        if template not in self.templates:
+            raise ValueError(f"unknown prompt template {template!r} for {self.name}; choose from "
+                             f"{', '.join(self.templates)}")
+
+    def prompt(self, tokenizer, problem: Problem, template: str = "chat") -> str:
+        """The prompt text through the tokenizer's chat template."""
+        return tokenizer.apply_chat_template(self.messages(problem, template), tokenize=False,
+                                             add_generation_prompt=True)
+
+    def grade(self, output: str, problem: Problem) -> dict[str, bool]:
+        raise NotImplementedError
+
+
+class GSM8K(Benchmark):
+    """Grade-school maths word problems (Cobbe et al. 2021), graded on the final number."""
+
+    name = "gsm8k"
+    fields = ("question", "answer")
+    hub = ("openai/gsm8k", "main")
+    templates = ("chat", "fewshot")
+    graders = GRADERS
+
+    def shipped(self, split: str) -> Path:
+        return TRAIN if split == "train" else DEV
+
+    def problem(self, i: int, row: dict) -> Problem:
+        return Problem(i, row["question"], row["answer"].split("####")[-1].strip().replace(",", ""), row["answer"])
 
     def messages(self, problem: Problem, template: str = "chat") -> list[dict]:
         """Chat messages asking ``problem``: zero-shot, or after worked train examples (few-shot)."""
-        if template not in TEMPLATES:
-            raise ValueError(f"unknown prompt template {template!r}; choose from {', '.join(TEMPLATES)}")
+        self.check_template(template)
         shots = []
         if template == "fewshot":
             for ex in read_jsonl(DATA / "gsm8k_train_fewshot.jsonl", self.fields):
@@ -103,10 +151,8 @@ class GSM8K:
                           {"role": "assistant", "content": worked_answer(ex["answer"])}]
         return shots + [{"role": "user", "content": f"{problem.question}\n{INSTRUCTION}"}]
 
-    def prompt(self, tokenizer, problem: Problem, template: str = "chat") -> str:
-        """The prompt text through the tokenizer's chat template."""
-        return tokenizer.apply_chat_template(self.messages(problem, template), tokenize=False,
-                                             add_generation_prompt=True)
+    def grade(self, output: str, problem: Problem) -> dict[str, bool]:
+        return grade(output, problem.answer)
 
     def worked_examples(self, tokenizer, source: str = "auto", limit: int | None = 200,
                         template: str = "chat") -> list[tuple[str, str]]:
@@ -115,16 +161,44 @@ class GSM8K:
                 for p in self.load(source, limit, split="train")]
 
 
+class MATH500(Benchmark):
+    """MATH-500: competition maths (Hendrycks et al. 2021) in the 500-problem test subset of Lightman et
+    al. 2023, graded on the boxed final answer against the gold LaTeX."""
+
+    name = "math500"
+    fields = ("problem", "answer")
+    hub = ("HuggingFaceH4/MATH-500", None)
+    graders = MATH_GRADERS
+    groups = ("subject", "level")
+
+    def shipped(self, split: str) -> Path:
+        if split != "test":
+            raise ValueError("MATH-500 has a test split only")
+        return MATH500_FILE
+
+    def problem(self, i: int, row: dict) -> Problem:
+        meta = {k: row[k] for k in ("subject", "level", "unique_id") if k in row}
+        return Problem(i, row["problem"], row["answer"], row.get("solution", ""), meta)
+
+    def messages(self, problem: Problem, template: str = "chat") -> list[dict]:
+        """Zero-shot chat messages asking for the final answer in \\boxed{}."""
+        self.check_template(template)
+        return [{"role": "user", "content": f"{problem.question}\n{MATH_INSTRUCTION}"}]
+
+    def grade(self, output: str, problem: Problem) -> dict[str, bool]:
+        return grade_math(output, problem.answer)
+
+
 def worked_answer(solution: str) -> str:
     """A GSM8K reference solution in the answer format the prompt asks for."""
     body, _, final = solution.rpartition("####")
     return re.sub(r"<<[^>]*>>", "", body).strip() + f"\nFinal Answer: {final.strip()}"
 
 
-BENCHMARKS = {b.name: b for b in (GSM8K(),)}
+BENCHMARKS = {b.name: b for b in (GSM8K(), MATH500())}
 
 
-def get_benchmark(name: str):
+def get_benchmark(name: str) -> Benchmark:
     if name not in BENCHMARKS:
         raise ValueError(f"unknown benchmark {name!r}; available: {', '.join(BENCHMARKS)}")
     return BENCHMARKS[name]

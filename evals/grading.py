@@ -1,5 +1,9 @@
-"""GSM8K answer graders reported side by side: strict and flexible extraction (as lm-evaluation-harness's
-GSM8K filters do) and Math-Verify, so a score never hides how the answer was read out of the text."""
+"""Answer graders reported side by side, so a score never hides how the answer was read out of the text.
+
+GSM8K: strict (the number in the answer's explicit marker: "Final Answer:", the last \\boxed{}, or
+"####"), flexible (the last number, as lm-evaluation-harness's flexible-extract) and Math-Verify.
+MATH-500: the last \\boxed{} compared as a normalised string, and Math-Verify against the gold LaTeX.
+"""
 
 from __future__ import annotations
 
@@ -21,6 +25,7 @@ _NUMBER_RE = re.compile(_NUMBER)
 # "Final Answer:" in any case, with markdown bold around the label or the number ("**Final Answer:** 72").
 _FINAL_ANSWER_RE = re.compile(rf"final\s+answer[\s*]*:[\s*]*({_NUMBER})", re.IGNORECASE)
 _HASHES_RE = re.compile(rf"####[\s*]*({_NUMBER})")
+_BOXED_NUMBER_RE = re.compile(rf"\\boxed\{{\s*\\?({_NUMBER})\s*\}}")
 _CANONICAL_RE = re.compile(r"[-+]?(?:[0-9]+(?:\.[0-9]+)?|\.[0-9]+)")
 
 
@@ -37,8 +42,9 @@ def normalize_number(text: str) -> str | None:
 
 
 def extract_strict(output: str) -> str | None:
-    """Normalized number after the last "Final Answer:" (else "####"), so only the requested format scores."""
-    for pattern in (_FINAL_ANSWER_RE, _HASHES_RE):
+    """Normalized number after the last "Final Answer:" (the format the prompt asks for), else in the last
+    \\boxed{} (the format the Qwen models write anyway), else after "####": only an answer marker scores."""
+    for pattern in (_FINAL_ANSWER_RE, _BOXED_NUMBER_RE, _HASHES_RE):
         matches = pattern.findall(output)
         if matches:
             return normalize_number(matches[-1])
@@ -60,7 +66,7 @@ def grade_math_verify(output: str, gold: str) -> bool:
 
 
 def grade(output: str, gold: str) -> dict[str, bool]:
-    """Correctness of ``output`` under every grader in ``GRADERS``, so results can report them side by side."""
+    """Correctness of a GSM8K ``output`` under every grader in ``GRADERS``, so results report them side by side."""
     expected = normalize_number(gold)
     strict, flexible = extract_strict(output), extract_flexible(output)
     return {
@@ -68,3 +74,39 @@ def grade(output: str, gold: str) -> dict[str, bool]:
         "flexible": expected is not None and flexible == expected,
         "math_verify": grade_math_verify(output, gold),
     }
+
+
+MATH_GRADERS = ("boxed", "math_verify")
+
+
+def last_boxed(output: str) -> str | None:
+    """The content of the last \\boxed{...} in ``output`` (nested braces allowed), or None."""
+    start = output.rfind("\\boxed")
+    if start < 0:
+        return None
+    i = output.find("{", start)
+    if i < 0:
+        return None
+    depth, j = 0, i
+    while j < len(output):
+        depth += {"{": 1, "}": -1}.get(output[j], 0)
+        if depth == 0:
+            return output[i + 1 : j]
+        j += 1
+    return None
+
+
+def normalize_latex(text: str) -> str:
+    """A LaTeX answer with spacing, ``\\left``/``\\right``, ``\\dfrac``/``\\tfrac`` and a trailing period
+    evened out, for a plain string comparison."""
+    text = re.sub(r"\\(left|right|,|;|!|\s)", "", text)
+    text = text.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac").replace("$", "")
+    return re.sub(r"\s+", "", text).rstrip(".")
+
+
+def grade_math(output: str, gold: str) -> dict[str, bool]:
+    """A MATH-500 ``output`` against its gold LaTeX answer: the last \\boxed{} as a normalised string, and
+    Math-Verify (the gold wrapped in ``$...$`` as the reference evaluations do)."""
+    boxed = last_boxed(output)
+    return {"boxed": boxed is not None and normalize_latex(boxed) == normalize_latex(gold),
+            "math_verify": grade_math_verify(output, f"${gold}$")}

@@ -11,7 +11,7 @@ from scipy.stats import binomtest
 
 from semverify.registry import Method, RunContext
 
-from .grading import GRADERS
+from .benchmarks import get_benchmark
 from .rows import read_rows
 
 POSITIONS = 10  # draft positions listed in the rule-event lines (step drafts have up to 128)
@@ -53,8 +53,11 @@ def summarise(run_dir: str | Path, reference: str = "vanilla", grader: str = "ma
     by = {(r["id"], r["method"]): r for r in read_rows(run_dir)}
     ids = sorted({i for i, _ in by if all((i, m) in by for m in names)})
     batched = (s.get("batch_size") or 1) > 1
+    bench = get_benchmark(s["benchmark"])
+    if grader not in bench.graders:
+        raise ValueError(f"{s['benchmark']} is graded by {', '.join(bench.graders)}, not {grader!r}")
     out = {"run": run, "problems": len(ids), "reference": reference, "paired": paired, "grader": grader,
-           "batched": batched, "methods": {}}
+           "graders": list(bench.graders), "batched": batched, "methods": {}}
     for m in methods:
         rs = [by[(i, m.name)] for i in ids]
         steps = sum(r["steps"] for r in rs)
@@ -67,7 +70,8 @@ def summarise(run_dir: str | Path, reference: str = "vanilla", grader: str = "ma
         speedup_total = _throughput([by[(i, m.name)] for i in timed]) / reference_throughput if timed else 0.0
         entry = {
             "lossless": _lossless(m, context), "problems": len(rs),
-            "accuracy": {g: _accuracy([r["grades"][g] for r in rs]) for g in GRADERS},
+            "accuracy": {g: _accuracy([r["grades"][g] for r in rs]) for g in bench.graders},
+            "by_group": {key: _by_group(rs, key, grader) for key in bench.groups},
             "tau": sum(r["new_tokens"] for r in rs) / steps if steps else 0.0,
             "alpha": sum(r["accepted"] for r in rs) / drafted if drafted else None,
             "tok_s_median": statistics.median(r["tok_s"] for r in rs) if rs else 0.0,
@@ -94,6 +98,12 @@ def summarise(run_dir: str | Path, reference: str = "vanilla", grader: str = "ma
                 }
         out["methods"][m.name] = entry
     return out
+
+
+def _by_group(rows: list[dict], key: str, grader: str) -> dict[str, dict]:
+    """Accuracy per value of a problem's ``meta[key]`` (MATH-500's subject or level)."""
+    values = sorted({str(r.get("meta", {}).get(key)) for r in rows})
+    return {v: _accuracy([r["grades"][grader] for r in rows if str(r.get("meta", {}).get(key)) == v]) for v in values}
 
 
 def _throughput(rows: list[dict]) -> float:
@@ -188,12 +198,12 @@ def markdown(summary: dict) -> str:
         f"- accuracy with 95% Wilson intervals; speedup = {speedup} vs `{summary['reference']}`; p = exact McNemar "
         f"test (paired, two-sided) on {summary['grader']}",
         "",
-        "| method | lossless | strict | flexible | math-verify | tau | alpha | tok/s | speedup | wall (s) | "
-        + " | ".join(f"p vs {o}" for o in summary["paired"]) + " |",
-        "|---" * (10 + len(summary["paired"])) + "|",
+        "| method | lossless | " + " | ".join(g.replace("_", "-") for g in summary["graders"])
+        + " | tau | alpha | tok/s | speedup | wall (s) | " + " | ".join(f"p vs {o}" for o in summary["paired"]) + " |",
+        "|---" * (7 + len(summary["graders"]) + len(summary["paired"])) + "|",
     ]
     for name, m in summary["methods"].items():
-        accs = [_fmt_acc(m["accuracy"][g]) for g in GRADERS]
+        accs = [_fmt_acc(m["accuracy"][g]) for g in summary["graders"]]
         alpha = f"{m['alpha']:.2f}" if m["alpha"] is not None else "-"
         ps = [f"{m['paired'][o]['p_value']:.3f}" if o in m["paired"] else "-" for o in summary["paired"]]
         lossless = {True: "yes", False: "no", None: "?"}[m["lossless"]]
@@ -203,7 +213,22 @@ def markdown(summary: dict) -> str:
     partial = [f"- speedup of `{name}` over {m['speedup_problems']} of {summary['problems']} problems: on the "
                f"others its row and `{summary['reference']}`'s ran on different machines"
                for name, m in summary["methods"].items() if m["speedup_problems"] < summary["problems"]]
-    return "\n".join(lines + ([""] + partial if partial else []) + _identical(summary) + _rule_events(summary)) + "\n"
+    return "\n".join(lines + ([""] + partial if partial else []) + _identical(summary) + _groups(summary)
+                     + _rule_events(summary)) + "\n"
+
+
+def _groups(summary: dict) -> list[str]:
+    """A table per breakdown key (MATH-500: subject, level): each method's accuracy in each group."""
+    lines = []
+    methods = summary["methods"]
+    for key in next(iter(methods.values()), {}).get("by_group", {}):
+        groups = list(next(iter(methods.values()))["by_group"][key])
+        lines += ["", f"{summary['grader']} accuracy by {key}:", "",
+                  f"| {key} | " + " | ".join(methods) + " |", "|---" * (len(methods) + 1) + "|"]
+        for g in groups:
+            cells = [f"{m['by_group'][key][g]['correct']}/{m['by_group'][key][g]['n']}" for m in methods.values()]
+            lines.append(f"| {g} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def _machines(run: dict) -> str:

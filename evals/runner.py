@@ -28,7 +28,6 @@ from semverify.sense import Datastore
 
 from .benchmarks import Problem, get_benchmark
 from .env import code_version, environment, machine
-from .grading import grade
 from .rows import RowWriter, read_rows
 
 
@@ -246,18 +245,18 @@ def run_batch(problems: list[Problem], method: Method, rule, settings: RunSettin
     batch = ({"first": problems[0].id, "size": len(problems), "wall": wall, "tokens": result.spec_stats.new_tokens}
              if len(problems) > 1 else None)
     return [problem_row(problem, method, seed, result.sequences[i, width : width + stats.new_tokens], stats,
-                        tokenizer, batch)
+                        tokenizer, batch, bench)
             for i, (problem, seed, stats) in enumerate(zip(problems, seeds, row_stats))]
 
 
 def problem_row(problem: Problem, method: Method, seed: int, new: torch.LongTensor, stats, tokenizer,
-                batch: dict | None) -> dict:
+                batch: dict | None, bench) -> dict:
     """One problem's JSONL row: output, grades and statistics (and its batch's size, wall time and tokens)."""
     text = tokenizer.decode(new, skip_special_tokens=True)
     row = {
         "id": problem.id, "method": method.name, "seed": seed, "gold": problem.answer, "output": text,
         "output_ids": new.tolist(),
-        "grades": grade(text, problem.answer), "new_tokens": len(new), "steps": stats.steps,
+        "grades": bench.grade(text, problem), "new_tokens": len(new), "steps": stats.steps,
         "drafted": stats.drafted, "accepted": stats.accepted, "tau": stats.tau, "alpha": stats.alpha,
         "accept_lengths": stats.accept_lengths, "drafted_per_position": stats.drafted_per_position,
         "accepted_per_position": stats.accepted_per_position, "reasons": dict(stats.reasons),
@@ -265,6 +264,8 @@ def problem_row(problem: Problem, method: Method, seed: int, new: torch.LongTens
         "draft_time": stats.draft_time, "verify_time": stats.verify_time, "total_time": stats.total_time,
         "tok_s": stats.tokens_per_second, "machine": machine(),
     }
+    if problem.meta:
+        row["meta"] = problem.meta
     if batch is not None:
         row["batch"] = batch
     return row

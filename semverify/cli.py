@@ -111,8 +111,14 @@ def build_parser(table: dict[str, Command]) -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     table = commands()
-    args = build_parser(table).parse_args(argv)
-    args.command_line = shlex.join(["semverify", *(sys.argv[1:] if argv is None else argv)])  # provenance
+    argv = sys.argv[1:] if argv is None else list(argv)
+    passthrough = next((i for i, a in enumerate(argv) if a in table and table[a].passthrough), None)
+    if passthrough is not None:  # e.g. `semverify lm-eval ...`: the rest belongs to the other program
+        args = build_parser(table).parse_args(argv[: passthrough + 1])
+        args.rest = argv[passthrough + 1 :]
+    else:
+        args = build_parser(table).parse_args(argv)
+    args.command_line = shlex.join(["semverify", *argv])  # provenance
     try:
         return table[args.command].run(args) or 0
     except USER_ERRORS as err:

@@ -26,6 +26,7 @@ class Command:
     help: str
     configure: Callable[[argparse.ArgumentParser], None]
     run: Callable[[argparse.Namespace], int | None]
+    passthrough: bool = False  # hands its arguments to another program unparsed (``args.rest``)
 
 
 class CommandFailed(SystemExit):

@@ -32,9 +32,9 @@ def train_examples(args: argparse.Namespace, tokenizer) -> list[tuple[str, str]]
 def add_run_args(p: argparse.ArgumentParser, limit: int) -> None:
     """The arguments of a compare run: models, problems, decoding, datastore and the run folder."""
     add_models(p)
-    p.add_argument("--benchmark", default="gsm8k")
+    p.add_argument("--benchmark", default="gsm8k", help="gsm8k or math500")
     p.add_argument("--data", default="auto", help="'auto' (the shipped dev problems), 'sample', a jsonl path or 'hub'")
-    p.add_argument("--template", default="chat", choices=["chat", "fewshot"])
+    p.add_argument("--template", default="chat", help="chat (zero-shot) or fewshot (GSM8K only)")
     p.add_argument("--limit", type=positive_int, default=limit, help=f"problems to run (default {limit})")
     p.add_argument("--offset", type=non_negative_int, default=None,
                    help="start at this problem (default 0), e.g. to choose settings on problems the final table "
@@ -67,7 +67,9 @@ def checked_run(args: argparse.Namespace, methods: str | None, configs: list[str
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed, datastore=args.datastore,
         offset=args.offset, batch_size=args.batch_size,
     )
-    if not get_benchmark(args.benchmark).load(args.data, args.limit, offset=args.offset or 0):
+    bench = get_benchmark(args.benchmark)
+    bench.check_template(args.template)
+    if not bench.load(args.data, args.limit, offset=args.offset or 0):
         raise ValueError(f"--offset {args.offset} is past the last problem of --data {args.data}")
     try:
         tokenizer = load_tokenizer(args.target)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from evals.grading import GRADERS
+from evals.grading import GRADERS, MATH_GRADERS
 from evals.report import report
 from semverify.commands import Command
 
@@ -14,7 +14,8 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reference", default="vanilla", help="method speedups are measured against")
     p.add_argument("--paired", default=None,
                    help="comma-separated methods to run the paired McNemar test against (default: the reference)")
-    p.add_argument("--grader", default="math_verify", choices=list(GRADERS))
+    p.add_argument("--grader", default="math_verify", choices=sorted(set(GRADERS) | set(MATH_GRADERS)),
+                   help="the grade the paired tests and plots use (each benchmark has its own set)")
 
 
 def run(args: argparse.Namespace) -> int:

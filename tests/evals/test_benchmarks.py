@@ -62,3 +62,45 @@ def test_prompt_templates():
 
 def test_worked_answer_format():
     assert worked_answer("She has 2+3 = <<2+3=5>>5 apples.\n#### 5") == "She has 2+3 = 5 apples.\nFinal Answer: 5"
+
+
+def test_math500_ships_with_semverify():
+    from evals.benchmarks import MATH500
+
+    problems = MATH500().load("auto")
+    assert len(problems) == 500 and problems[0].answer == "\\left( 3, \\frac{\\pi}{2} \\right)"
+    assert {p.meta["subject"] for p in problems} >= {"Algebra", "Geometry"} and {p.meta["level"] for p in problems} == {
+        1, 2, 3, 4, 5}
+    prompt = MATH500().prompt(byte_tokenizer(), problems[2])
+    assert problems[2].question in prompt and "\\boxed{}" in prompt
+    assert MATH500().grade("so $\\boxed{\\frac{14}{3}}$", problems[2]) == {"boxed": True, "math_verify": True}
+    with pytest.raises(ValueError, match="unknown prompt template 'fewshot' for math500"):
+        MATH500().prompt(byte_tokenizer(), problems[0], "fewshot")
+    with pytest.raises(ValueError, match="test split only"):
+        MATH500().load("auto", split="train")
+
+
+def test_compare_on_math500_reports_subjects_and_levels(tiny_checkpoint, tmp_path):
+    import json
+
+    from semverify.cli import main
+
+    data = tmp_path / "math.jsonl"
+    rows = [{"problem": f"What is {a} + {a}?", "answer": str(2 * a), "subject": s, "level": lv}
+            for a, s, lv in ((1, "Algebra", 1), (2, "Algebra", 2), (3, "Geometry", 1))]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "run"
+    main(["compare", "--benchmark", "math500", "--data", str(data), "--target", str(tiny_checkpoint), "--methods",
+          "vanilla,pld", "--limit", "3", "--max-new-tokens", "6", "--dtype", "float32", "--out", str(out)])
+    written = [json.loads(line) for line in (out / "rows.rank0.jsonl").open()]
+    assert set(written[0]["grades"]) == {"boxed", "math_verify"} and written[0]["meta"]["subject"] in {"Algebra",
+                                                                                                       "Geometry"}
+    report = (out / "report.md").read_text()
+    assert "| method | lossless | boxed | math-verify |" in report
+    assert "math_verify accuracy by subject:" in report and "| Geometry | 0/1 | 0/1 |" in report
+    assert "math_verify accuracy by level:" in report
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"question": "q", "answer": "1"}\n')
+    with pytest.raises(SystemExit, match="line 1: no 'problem' field"):
+        main(["compare", "--benchmark", "math500", "--data", str(bad), "--target", str(tiny_checkpoint),
+              "--out", str(tmp_path / "bad")])

@@ -58,8 +58,12 @@ def test_normalize_number_rejects_non_numbers(text):
     # the last "Final Answer:" wins, and it wins over "####"
     ("Final Answer: 4. Wait, I made a mistake. Final Answer: 6", "6", "6"),
     ("#### 3\nFinal Answer: 9", "9", "9"),
+    # the Qwen models box their answer: strict reads the last \\boxed{} number when there is no "Final Answer:"
+    ("\\boxed{72}", "72", "72"),
+    ("So $\\boxed{1,234}$ dollars.", "1234", "1234"),
+    ("\\boxed{5} ... Final Answer: 6", "6", "6"),
+    ("\\boxed{x + 1}", None, "1"),
     # no explicit answer format: strict has nothing, flexible still finds a number
-    ("\\boxed{72}", None, "72"),
     ("The answer is 72.", None, "72"),
     ("Final Answer: seventy-two", None, None),
     ("Final Answer is 72", None, "72"),
@@ -107,7 +111,7 @@ T, F = True, False
     ("Final Answer: 7.0", "7", T, T, T),
     ("Final Answer: 0.50", "0.5", T, T, T),
     ("Final Answer: 007", "7", T, T, T),
-    ("\\boxed{72}", "72", F, T, T),
+    ("\\boxed{72}", "72", T, T, T),
     ("#### 72", "72", T, T, T),
     ("Final Answer: 5. Check: 5 + 3 = 8", "5", T, F, F),
     ("Final Answer: 5. Check: 5 + 3 = 8", "8", F, T, T),
@@ -121,3 +125,21 @@ def test_grade(output, gold, strict, flexible, math_verify):
 
 def test_grade_reports_every_grader():
     assert tuple(grade("Final Answer: 1", "1")) == GRADERS == ("strict", "flexible", "math_verify")
+
+
+@pytest.mark.parametrize("output, gold, boxed, math_verify", [
+    ("so the answer is $\\boxed{\\dfrac{14}{3}}$.", "\\frac{14}{3}", T, T),
+    ("\\boxed{\\left( 3, \\frac{\\pi}{2} \\right)}", "\\left( 3, \\frac{\\pi}{2} \\right)", T, T),
+    ("\\boxed{\\frac{28}{6}}", "\\frac{14}{3}", F, T),  # equal values, other text: only math-verify
+    ("\\boxed{2} then \\boxed{3}", "3", T, F),  # the boxed grader reads the last box, math-verify the first
+    ("\\boxed{5}", "6", F, F),
+    ("no box here: 6", "6", F, T),
+    ("\\boxed{\\text{(C)}}", "\\text{(C)}", T, T),
+])
+def test_math500_graders(output, gold, boxed, math_verify):
+    assert grading.grade_math(output, gold) == {"boxed": boxed, "math_verify": math_verify}
+
+
+def test_last_boxed_handles_nested_braces():
+    assert grading.last_boxed("x \\boxed{\\frac{1}{2}} y") == "\\frac{1}{2}"
+    assert grading.last_boxed("\\boxed{unclosed") is None and grading.last_boxed("none") is None
