@@ -63,6 +63,7 @@ class Benchmark:
     """Loading, prompts and grading of one benchmark; subclasses fill in the specifics."""
 
     name = ""
+    title = ""  # as people write it
     fields: tuple[str, ...] = ()  # what every data row must have
     hub: tuple[str, str | None] = ("", None)  # dataset id and config for ``--data hub``
     templates: tuple[str, ...] = ("chat",)
@@ -70,7 +71,7 @@ class Benchmark:
     groups: tuple[str, ...] = ()  # problem meta keys the report breaks accuracy down by
 
     def shipped(self, split: str) -> Path:
-        raise ValueError(f"{self.name} ships no {split} split; pass --data PATH or 'hub'")
+        raise ValueError(f"{self.title} ships no {split} split; pass --data PATH or 'hub'")
 
     def source_file(self, source: str, split: str = "test") -> Path | None:
         """The file ``source`` reads (None for the hub): ``auto`` and ``sample`` are the shipped files."""
@@ -80,7 +81,7 @@ class Benchmark:
             return self.shipped(split)
         path = Path(source)
         if not path.is_file():
-            raise FileNotFoundError(f"{self.name} data file not found: {path} (use --data PATH, 'auto', 'sample' "
+            raise FileNotFoundError(f"{self.title} data file not found: {path} (use --data PATH, 'auto', 'sample' "
                                     "or 'hub')")
         return path
 
@@ -129,7 +130,7 @@ class Benchmark:
 class GSM8K(Benchmark):
     """Grade-school maths word problems (Cobbe et al. 2021), graded on the final number."""
 
-    name = "gsm8k"
+    name, title = "gsm8k", "GSM8K"
     fields = ("question", "answer")
     hub = ("openai/gsm8k", "main")
     templates = ("chat", "fewshot")
@@ -165,7 +166,7 @@ class MATH500(Benchmark):
     """MATH-500: competition maths (Hendrycks et al. 2021) in the 500-problem test subset of Lightman et
     al. 2023, graded on the boxed final answer against the gold LaTeX."""
 
-    name = "math500"
+    name, title = "math500", "MATH-500"
     fields = ("problem", "answer")
     hub = ("HuggingFaceH4/MATH-500", None)
     graders = MATH_GRADERS

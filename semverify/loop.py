@@ -174,35 +174,34 @@ def extender(target: PreTrainedModel, cache: RowCache) -> Callable[[torch.LongTe
 
 def verify_rows(rule: AcceptanceRule, x: VerifyInput) -> tuple[list[list[int]], Verdict]:
     """Each row's judged path and one verdict for the batch. One row: every path of its draft (a tree's
-    too, see :func:`verify_paths`). Several rows: their chain drafts, the rows that drafted the same
-    number of tokens judged together."""
-    if x.draft.lengths is None:
-        if x.draft.tokens.shape[0] == 1:
-            path, verdict = verify_paths(rule, x)
-            return [path], verdict
-        return [list(range(x.k))] * x.draft.tokens.shape[0], rule(x)
-    batch, k = x.draft.tokens.shape[0], x.k
+    too, see :func:`verify_paths`). Several rows: each row's chain draft on its own, so that a row's
+    verdict, and the random draws it takes from its own stream, are what they would be alone."""
+    batch = x.draft.tokens.shape[0]
+    if batch == 1 and x.draft.lengths is None:
+        path, verdict = verify_paths(rule, x)
+        return [path], verdict
+    k = x.k
+    lengths = x.draft.lengths.tolist() if x.draft.lengths is not None else [k] * batch
     n, token = torch.zeros(batch, dtype=torch.long), torch.zeros(batch, dtype=torch.long)
     reasons: dict[str, torch.Tensor] = {}
     scores: dict[str, torch.Tensor] = {}
-    for length in x.draft.lengths.unique().tolist():
-        rows = (x.draft.lengths == length).nonzero().flatten()
-        part = rule(_rows_input(x, rows, length))
-        n[rows], token[rows] = part.n_accepted, part.next_token
+    for row, length in enumerate(lengths):
+        part = rule(_row_input(x, row, length))
+        n[row], token[row] = part.n_accepted[0], part.next_token[0]
         for name, mask in part.reasons.items():
-            reasons.setdefault(name, torch.zeros(batch, k, dtype=torch.bool))[rows, :length] = mask
+            reasons.setdefault(name, torch.zeros(batch, k, dtype=torch.bool))[row, :length] = mask[0]
         for name, value in part.scores.items():
-            scores.setdefault(name, torch.full((batch,), float("nan")))[rows] = value.float()
-    return [list(range(length)) for length in x.draft.lengths.tolist()], Verdict(n, token, reasons, scores)
+            scores.setdefault(name, torch.full((batch,), float("nan")))[row] = float(value[0])
+    return [list(range(length)) for length in lengths], Verdict(n, token, reasons, scores)
 
 
-def _rows_input(x: VerifyInput, rows: torch.LongTensor, length: int) -> VerifyInput:
-    """The rule's input for ``rows``, whose drafts are ``length`` tokens long."""
-    d = x.draft
-    draft = Draft(d.tokens[rows, :length], None if d.probs is None else d.probs[rows, :length])
-    hidden = None if x.target_hidden is None else x.target_hidden[rows, : length + 1]
-    return VerifyInput(draft, x.target_logits[rows, : length + 1], x.do_sample, hidden,
-                       [x.generator[i] for i in rows.tolist()])
+def _row_input(x: VerifyInput, row: int, length: int) -> VerifyInput:
+    """The rule's input for one row of a batch, whose draft is ``length`` tokens long."""
+    d, r = x.draft, slice(row, row + 1)
+    draft = Draft(d.tokens[r, :length], None if d.probs is None else d.probs[r, :length])
+    hidden = None if x.target_hidden is None else x.target_hidden[r, : length + 1]
+    generator = x.generator[row] if isinstance(x.generator, (list, tuple)) else x.generator
+    return VerifyInput(draft, x.target_logits[r, : length + 1], x.do_sample, hidden, generator)
 
 
 def emit(draft: Draft, row: int, path: list[int], verdict: Verdict, eos: torch.Tensor, sequence: torch.LongTensor,

@@ -42,6 +42,8 @@ class EntropyAwareRule:
         overlap: float = 0.6,
         resample: str = "target",
         normalize: bool = False,
+        use_entropy: bool = True,
+        use_overlap: bool = True,
     ) -> None:
         if math.isnan(draft_entropy) or math.isnan(target_entropy):
             raise ValueError("draft_entropy and target_entropy must be numbers (use float('inf') to switch the "
@@ -55,21 +57,27 @@ class EntropyAwareRule:
         self.draft_entropy, self.target_entropy = float(draft_entropy), float(target_entropy)
         self.top_n, self.overlap = int(top_n), float(overlap)
         self.resample, self.normalize = resample, bool(normalize)
+        self.use_entropy, self.use_overlap = bool(use_entropy), bool(use_overlap)  # the paper's two ablations
 
     def __repr__(self) -> str:
         return (f"EntropyAwareRule(draft_entropy={self.draft_entropy:.4g}, target_entropy={self.target_entropy:.4g}, "
                 f"top_n={self.top_n}, "
-                f"overlap={self.overlap}, resample={self.resample!r}, normalize={self.normalize})")
+                f"overlap={self.overlap}, resample={self.resample!r}, normalize={self.normalize}, "
+                f"use_entropy={self.use_entropy}, use_overlap={self.use_overlap})")
 
     def uncertain_agreement(self, q: torch.Tensor, p: torch.Tensor) -> torch.BoolTensor:
-        """[B, k] positions where both models are uncertain and their top-N sets overlap enough."""
+        """[B, k] positions where both models are uncertain and their top-N sets overlap enough (with
+        ``use_entropy=False`` overlap alone decides, with ``use_overlap=False`` the entropies alone)."""
         h_q, h_p = entropy(q), entropy(p)
         if self.normalize:
             h_q, h_p = h_q / math.log(q.shape[-1]), h_p / math.log(p.shape[-1])
         n = min(self.top_n, q.shape[-1], p.shape[-1])
         top_q, top_p = q.topk(n, dim=-1).indices, p.topk(n, dim=-1).indices
         shared = (top_q[..., :, None] == top_p[..., None, :]).any(dim=-1).sum(dim=-1)
-        return (h_q > self.draft_entropy) & (h_p > self.target_entropy) & (shared >= self.overlap * n - 1e-9)
+        uncertain = (h_q > self.draft_entropy) & (h_p > self.target_entropy)
+        agree = shared >= self.overlap * n - 1e-9
+        return ((uncertain if self.use_entropy else torch.ones_like(uncertain))
+                & (agree if self.use_overlap else torch.ones_like(agree)))
 
     def __call__(self, x: VerifyInput) -> Verdict:
         q = x.draft.probs

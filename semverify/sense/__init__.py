@@ -2,7 +2,8 @@
 
 import inspect
 
-from ..registry import DrafterKind, DraftResources, Method, register_drafter, register_method, register_rule
+from ..easd.calibration import find_calibration
+from ..registry import DrafterKind, DraftResources, Method, RunContext, register_drafter, register_method, register_rule
 from .build import build_datastore, collect_states, describe, timed_build
 from .datastore import Datastore, DatastoreError
 from .drafter import RetrievalDrafter
@@ -21,7 +22,26 @@ def _retrieval_kind(name: str, switches: dict) -> DrafterKind:
     return DrafterKind(name, factory, settings=(*settings, "datastore"), default_k=8, retrieval=True, batches=False)
 
 
-register_rule("sense", SoftGate)
+def make_sense(context: RunContext, theta_e: float | None = None, percentile: float | None = None,
+               top_k: int = 3, window: int = 6, target_calibration: str | None = None) -> SoftGate:
+    """SENSE's soft gate; ``theta_e`` as a normalised entropy (the paper's 0.05 by default), or as a
+    ``percentile`` of the target's own entropy (its EASD calibration, found by the run's target name or
+    given as ``target_calibration``), since 0.05 is a different share of positions for every model."""
+    if percentile is not None:
+        if theta_e is not None:
+            raise ValueError("sense: give theta_e or percentile, not both")
+        source = target_calibration or context.target_model
+        if source is None:
+            raise ValueError("sense: a percentile needs the target's entropy calibration (a run that names the "
+                             "target, or target_calibration=FILE)")
+        calibration = find_calibration(source)
+        gate = SoftGate(calibration.threshold(percentile, context.temperature, normalize=True), top_k, window)
+        gate.artifacts = (calibration.source,)
+        return gate
+    return SoftGate(0.05 if theta_e is None else theta_e, top_k, window)
+
+
+register_rule("sense", make_sense, contextual=True)
 register_rule("fly", DeferredWindow)
 for _name, _switches in RETRIEVAL.items():
     register_drafter(_retrieval_kind(_name, _switches))

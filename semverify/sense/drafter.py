@@ -31,17 +31,19 @@ class RetrievalDrafter(BaseDrafter):
     def __init__(self, datastore: Datastore | None = None, num_candidates: int = 10, lexical: bool = True,
                  semantic: bool = True, max_ngram: int = 8, lexical_weight: float = 1.0,
                  semantic_weight: float = 0.01,
-                 pool: int = 64, dynamic: bool = True, max_nodes: int = 64) -> None:
+                 pool: int = 64, dynamic: bool = True, max_nodes: int = 64, semantic_slots: int = 0) -> None:
         if not (lexical or semantic):
             raise ValueError("a retrieval drafter needs lexical or semantic retrieval (or both)")
         if semantic and datastore is None and not dynamic:
             raise ValueError("semantic retrieval needs a datastore or the dynamic store")
         if min(num_candidates, max_ngram, pool, max_nodes) < 1:
             raise ValueError("num_candidates, max_ngram, pool and max_nodes must be >= 1")
+        if not 0 <= semantic_slots <= num_candidates:
+            raise ValueError(f"semantic_slots must be in [0, num_candidates={num_candidates}], got {semantic_slots}")
         self.store, self.n, self.lexical, self.semantic = datastore, num_candidates, lexical, semantic
         self.max_ngram, self.pool, self.dynamic = max_ngram, pool, dynamic
         self.lexical_weight, self.semantic_weight = lexical_weight, semantic_weight
-        self.max_nodes = max_nodes
+        self.max_nodes, self.semantic_slots = max_nodes, semantic_slots
         self.needs_target_hidden = semantic
         self.reset(None)
 
@@ -58,11 +60,14 @@ class RetrievalDrafter(BaseDrafter):
         scored: dict[tuple[int, ...], float] = {}
         if self.lexical:
             self._lexical(seq, k, scored)
+        semantic: dict[tuple[int, ...], float] = {}
         if self.semantic and self.query is not None:
-            self._semantic(seq, k, scored)
+            self._semantic(seq, k, semantic)
+        for cont, score in semantic.items():
+            scored[cont] = max(score, scored.get(cont, float("-inf")))
         chosen: list[list[int]] = []
         size = 0
-        for cont, _ in sorted(scored.items(), key=lambda kv: -kv[1])[: self.n]:
+        for cont in self._ranked(scored, semantic):
             grown = len(merge_sequences(chosen + [list(cont)])[0])
             if grown > self.max_nodes:  # the verification forward grows with the tree: keep it bounded
                 room = self.max_nodes - size  # the candidate's new nodes are its tail: cut the tail to fit
@@ -72,6 +77,13 @@ class RetrievalDrafter(BaseDrafter):
             chosen.append(list(cont))
             size = grown
         return draft_from_sequences(chosen, input_ids.device)
+
+    def _ranked(self, scored: dict, semantic: dict) -> list[tuple[int, ...]]:
+        """The candidates to merge, best first: with ``semantic_slots``, that many hidden-state candidates go
+        first (exact suffix matches outrank them by score, so otherwise they rarely make the tree)."""
+        reserved = sorted(semantic, key=lambda c: -semantic[c])[: self.semantic_slots]
+        rest = [c for c in sorted(scored, key=lambda c: -scored[c]) if c not in reserved]
+        return (reserved + rest)[: self.n]
 
     def _add(self, scored: dict, cont: list[int], score: float) -> None:
         if cont:

@@ -91,6 +91,34 @@ def test_penalty_only_where_both_are_uncertain_and_agree():
     assert mask.tolist() == [[True, False, False, False]]
 
 
+def test_the_papers_ablations_drop_one_condition_each():
+    vocab = 10
+    flat = torch.zeros(vocab)
+    peaked = torch.tensor([9.0] + [0.0] * (vocab - 1))
+    reversed_top = torch.arange(vocab, dtype=torch.float) * 0.01
+    q = torch.softmax(torch.stack([flat, peaked, flat, torch.zeros(vocab) - reversed_top]), -1)[None]
+    p = torch.softmax(torch.stack([flat, peaked, peaked, reversed_top]), -1)[None]
+    both = EntropyAwareRule(1.5, 1.5, top_n=3, overlap=0.6)
+    entropy_only = EntropyAwareRule(1.5, 1.5, top_n=3, overlap=0.6, use_overlap=False)
+    overlap_only = EntropyAwareRule(1.5, 1.5, top_n=3, overlap=0.6, use_entropy=False)
+    # positions: both flat and agreeing; both peaked on token 0; flat draft and peaked target; flat, disjoint tops
+    assert both.uncertain_agreement(q, p).tolist() == [[True, False, False, False]]
+    assert entropy_only.uncertain_agreement(q, p).tolist() == [[True, False, False, True]]  # overlap ignored
+    assert overlap_only.uncertain_agreement(q, p).tolist() == [[True, True, True, False]]  # entropy ignored
+    neither = EntropyAwareRule(1.5, 1.5, use_entropy=False, use_overlap=False)
+    assert neither.uncertain_agreement(q, p).all()  # no condition left: every agreed token is penalised
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_entropy_only_ablation_at_infinite_thresholds_is_standard_sd(seed):
+    tokens, q, logits = random_case(seed)
+    for do_sample in (False, True):
+        x, y = (easd_input(tokens, q, logits, do_sample, seed) for _ in range(2))
+        ablated = EntropyAwareRule(INF, INF, use_overlap=False)(x)
+        plain = SpeculativeSampling()(y) if do_sample else get_rule("greedy")(y)
+        assert torch.equal(ablated.n_accepted, plain.n_accepted) and torch.equal(ablated.next_token, plain.next_token)
+
+
 def test_thresholds_that_never_trigger_leave_acceptance_unchanged():
     """Finite thresholds above any possible entropy (log V) change no acceptance count."""
     vocab = 12
@@ -323,3 +351,20 @@ def test_easd_without_a_calibration_fails_before_models_load(tmp_path, monkeypat
         main(["compare", "--target", str(tiny_checkpoint), "--draft", "no/such-draft", "--methods", "easd",
               "--out", str(tmp_path / "run")])
     assert "semverify calibrate --model no/such-draft" in str(info.value)
+
+
+def test_calibration_on_the_models_own_answers(tmp_path, monkeypatch, tiny_checkpoint):
+    from semverify.cli import main
+
+    monkeypatch.setenv("SEMVERIFY_CACHE", str(tmp_path / "cache"))
+    problems = [{"question": f"What is {a} + {a}?", "answer": f"{a} + {a} = {2 * a}.\n#### {2 * a}"} for a in range(3)]
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps(p) + "\n" for p in problems))
+    args = ["calibrate", "--model", str(tiny_checkpoint), "--data", str(data), "--limit", "3", "--temperatures", "1.0",
+            "--dtype", "float32", "--corpus", "id", "--max-new-tokens", "8", "--batch-size", "2"]
+    assert main(args) == 0
+    saved = tmp_path / "cache" / "entropy" / f"{tiny_checkpoint.name}-id.json"
+    calibration = json.loads(saved.read_text())
+    assert "own greedy answers" in calibration["corpus"] and calibration["n_texts"] == 3
+    answers = [json.loads(line) for line in open(f"{saved}.answers.jsonl")]
+    assert len(answers) == 3 and all(len(a["ids"]) <= 8 for a in answers) and calibration["n_tokens"] > 0

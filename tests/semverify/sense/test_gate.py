@@ -132,3 +132,20 @@ def test_rescues_happen_through_the_loop():
     assert soft.reasons["topk"] + soft.reasons["window"] > 0
     assert math.isclose(soft.reasons["exact"] + soft.reasons.get("topk", 0) + soft.reasons.get("window", 0),
                         soft.accepted)
+
+
+def test_theta_e_as_a_percentile_of_the_targets_own_entropy(tmp_path):
+    from semverify import RunContext
+    from semverify.easd import find_calibration
+
+    context = RunContext(target_model="qwen2.5-coder-1.5b-instruct")
+    gate = get_rule("sense", context, percentile=71)
+    calibration = find_calibration("qwen2.5-coder-1.5b-instruct")
+    assert gate.theta_e == pytest.approx(calibration.threshold(71) / math.log(calibration.vocab_size))
+    assert abs(gate.theta_e - 0.05) < 0.005  # the paper's 0.05 is about the 71st percentile for this target
+    assert gate.artifacts == (calibration.source,)
+    assert get_rule("sense").theta_e == 0.05  # the paper's default
+    with pytest.raises(ValueError, match="theta_e or percentile"):
+        get_rule("sense", context, percentile=80, theta_e=0.1)
+    with pytest.raises(ValueError, match="target's entropy calibration"):
+        get_rule("sense", percentile=80)

@@ -131,6 +131,33 @@ def test_retrieval_drafting_with_exact_verification_equals_greedy(tiny_store, le
         assert stats.drafted > 0
 
 
+def test_semantic_slots_put_hidden_state_candidates_in_the_tree(tiny_store):
+    model, tok, store, _ = tiny_store
+    prompt = tok.apply_chat_template([{"role": "user", "content": "Question 0"}], tokenize=False,
+                                     add_generation_prompt=True) + ANSWERS[0][:20]
+    ids = tok(prompt, return_tensors="pt", add_special_tokens=False).input_ids
+    expected = model.generate(ids, do_sample=False, max_new_tokens=30)
+    seen = {}
+    for slots in (0, 3):
+        drafter = RetrievalDrafter(store, num_candidates=4, semantic_slots=slots)
+        semantic_first = []
+        original = drafter._ranked
+
+        def ranked(scored, semantic, original=original, log=semantic_first):
+            order = original(scored, semantic)
+            log.append(sum(c in semantic for c in order[:3]))
+            return order
+
+        drafter._ranked = ranked
+        out, _ = speculative_generate(model, ids, drafter=drafter, rule=get_rule("greedy"), num_draft_tokens=6,
+                                      max_new_tokens=30)
+        assert torch.equal(out, expected)  # exact verification: lossless whatever the drafts
+        seen[slots] = sum(semantic_first)
+    assert seen[3] > seen[0]  # the reserved slots go to hidden-state candidates
+    with pytest.raises(ValueError, match="semantic_slots"):
+        RetrievalDrafter(store, num_candidates=2, semantic_slots=3)
+
+
 def test_drafter_proposes_a_trie_of_corpus_continuations(tiny_store):
     _, tok, store, _ = tiny_store
     drafter = RetrievalDrafter(store, num_candidates=4, semantic=False)
