@@ -18,12 +18,18 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from semverify import generate, load_model
+from semverify import HybridDrafter, ModelDrafter, ModelTreeDrafter, generate, load_model
 
 from .benchmarks import GSM8K
 from .env import environment, machine
 
-METHODS = ("target", "hf_assisted", "semverify_sd", "hf_assisted_q8", "semverify_sd_q8", "hf_pld", "semverify_pld")
+METHODS = ("target", "hf_assisted", "semverify_sd", "hf_assisted_q8", "semverify_sd_q8", "hf_pld", "semverify_pld",
+           "semverify_tree", "semverify_tree_q8", "semverify_adaptive", "semverify_adaptive_q8", "semverify_hybrid",
+           "semverify_hybrid_q8")
+# semverify's drafters besides plain SD (issue 21): draft-model trees, adaptive lengths, lookup first
+DRAFTERS = {"semverify_tree": lambda draft: ModelTreeDrafter(draft, budget=24),
+            "semverify_adaptive": lambda draft: ModelDrafter(draft, 0.4, adaptive=True, start=5),
+            "semverify_hybrid": lambda draft: HybridDrafter(ModelDrafter(draft, 0.4))}
 
 
 def run_method(name: str, target, drafts: dict, ids: torch.LongTensor, args) -> tuple[torch.LongTensor, dict]:
@@ -48,6 +54,11 @@ def run_method(name: str, target, drafts: dict, ids: torch.LongTensor, args) -> 
     elif name == "semverify_pld":
         res = generate(target, ids, prompt_lookup_num_tokens=args.pld_tokens, return_dict_in_generate=True, **common)
         out, stats = res.sequences, res.spec_stats.to_dict()
+    elif name in DRAFTERS:
+        k = 8 if name == "semverify_tree" else 2 * args.k if name == "semverify_adaptive" else args.k
+        res = generate(target, ids, drafter=DRAFTERS[name](draft), num_assistant_tokens=k,
+                       return_dict_in_generate=True, **common)
+        out, stats = res.sequences, res.spec_stats.to_dict()
     else:
         raise ValueError(f"unknown method {name!r}; choose from {', '.join(METHODS)}")
     return out[0, ids.shape[1]:], stats
@@ -68,6 +79,9 @@ def summarise(rows: list[dict], methods: list[str]) -> dict:
             "identical_to_target": sum(by[(i, m)]["tokens"] == by[(i, "target")]["tokens"] for i in ids),
             "tau": _mean([r["stats"]["tau"] for r in rs if r.get("stats")]),
             "alpha": _mean([r["stats"]["alpha"] for r in rs if r.get("stats")]),
+            # the verification forward's width, and where the time went
+            "draft_per_step": _mean([r["stats"]["drafted"] / r["stats"]["steps"] for r in rs if r.get("stats")]),
+            "time_shares": _shares([r["stats"] for r in rs if r.get("stats")]),
         }
     for ours, theirs in (("semverify_sd", "hf_assisted"), ("semverify_sd_q8", "hf_assisted_q8"),
                          ("semverify_pld", "hf_pld")):
@@ -75,6 +89,14 @@ def summarise(rows: list[dict], methods: list[str]) -> dict:
             out[ours][f"speedup_vs_{theirs}_median"] = statistics.median(
                 by[(i, ours)]["tok_s"] / by[(i, theirs)]["tok_s"] for i in ids)
     return out
+
+
+def _shares(stats: list[dict]) -> dict[str, float] | None:
+    """Shares of the total time spent drafting, verifying and elsewhere (the loop's own work), pooled."""
+    total = sum(s["total_time"] for s in stats)
+    if not total:
+        return None
+    return {part: sum(s[f"{part}_time"] for s in stats) / total for part in ("draft", "verify", "other")}
 
 
 def _mean(xs: list[float]) -> float | None:
@@ -85,14 +107,16 @@ def markdown(summary: dict, env: dict) -> str:
     lines = [f"Speed, greedy, {env['dtype']}, {env['target']} <- {env['draft']}, {env['max_new_tokens']} new tokens, "
              f"{env['date'][:10]}, {env['cpu']} ({env['torch_threads']} threads)", "",
              "| method | prompts | tok/s (median) | speedup vs target (median) | vs transformers | tau | alpha "
-             "| identical to target |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| draft tokens per step | time draft/verify/other | identical to target |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for m, s in summary.items():
         vs = next((f"{v:.2f}x" for k, v in s.items() if k.startswith("speedup_vs_hf")), "")
         tau = f"{s['tau']:.2f}" if s["tau"] is not None else ""
         alpha = f"{s['alpha']:.2f}" if s["alpha"] is not None else ""
+        width = f"{s['draft_per_step']:.1f}" if s.get("draft_per_step") is not None else ""
+        shares = "/".join(f"{100 * v:.0f}%" for v in s["time_shares"].values()) if s.get("time_shares") else ""
         lines.append(f"| {m} | {s['prompts']} | {s['tok_s_median']:.2f} | {s['speedup_vs_target_median']:.2f}x | "
-                     f"{vs} | {tau} | {alpha} | {s['identical_to_target']}/{s['prompts']} |")
+                     f"{vs} | {tau} | {alpha} | {width} | {shares} | {s['identical_to_target']}/{s['prompts']} |")
     return "\n".join(lines) + "\n"
 
 

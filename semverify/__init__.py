@@ -1,7 +1,15 @@
 """semverify: one speculative decoding loop with pluggable drafters and acceptance rules."""
 
 from . import easd, semanticspec, sense  # noqa: E402,F401  (importing registers their rules, drafters and methods)
-from .drafters import BaseDrafter, Drafter, ModelDrafter, NoDrafter, PromptLookupDrafter
+from .drafters import (
+    BaseDrafter,
+    Drafter,
+    HybridDrafter,
+    ModelDrafter,
+    ModelTreeDrafter,
+    NoDrafter,
+    PromptLookupDrafter,
+)
 from .generation import SpecGenerateOutput, generate
 from .loop import speculative_generate
 from .models import DEFAULT_DRAFT, DEFAULT_TARGET, OFFLINE_MODELS, load_model
@@ -28,7 +36,8 @@ __version__ = "0.2.0"
 
 __all__ = [
     "AcceptanceRule", "BaseDrafter", "DEFAULT_DRAFT", "DEFAULT_TARGET", "Draft", "DraftResources", "Drafter",
-    "DrafterKind", "GreedyMatch", "Method", "ModelDrafter", "NoDrafter", "OFFLINE_MODELS", "PromptLookupDrafter",
+    "DrafterKind", "GreedyMatch", "HybridDrafter", "Method", "ModelDrafter", "ModelTreeDrafter", "NoDrafter",
+    "OFFLINE_MODELS", "PromptLookupDrafter",
     "RunContext", "Sampler", "SpecGenerateOutput", "SpecStats", "SpeculativeSampling", "StepDraft", "StepOutcome",
     "StepTokensDraft", "TypicalAcceptance", "Verdict", "VerifyInput", "available_drafters", "available_methods",
     "available_rules", "generate", "get_rule", "load_model", "make_drafter", "register_drafter", "register_method",

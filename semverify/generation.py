@@ -54,22 +54,23 @@ def generate(
 
     A batch is left-padded with its ``attention_mask``, as transformers batches; each row keeps its own
     accepted lengths and stops at its own EOS, and with one generator per row (``generator=[...]``)
-    draws exactly what it would draw alone.
+    draws exactly what it would draw alone. The drafter is ``assistant_model`` (a small model; a rule
+    that verifies whole steps drafts steps with it), prompt lookup when ``prompt_lookup_num_tokens`` is
+    set, a custom ``drafter``, or none (one target token per step). ``num_assistant_tokens`` (argument
+    or config field) is the draft length k (default 5; a step rule's step cap 128);
+    ``num_assistant_tokens_schedule="heuristic"`` adapts it per call (+2 after a fully accepted draft,
+    -1 otherwise; transformers keeps it across calls).
 
-    The drafter is ``assistant_model`` (a small model; a rule that verifies whole steps drafts steps
-    with it), prompt lookup when ``prompt_lookup_num_tokens`` is set, a custom ``drafter``, or none
-    (one target token per step). ``num_assistant_tokens`` (argument or config field) is the draft
-    length k (default 5; a step rule's step cap 128). Sampling settings, ``max_new_tokens`` and
-    ``eos_token_id`` come from ``kwargs`` and ``generation_config`` as in transformers, and so do the
-    logits processors it builds (``repetition_penalty``, ``min_new_tokens``, ``no_repeat_ngram_size``,
-    ``bad_words_ids``, ... plus ``logits_processor``), applied at every verified position with its own
-    prefix and to the draft model's distribution; ``stop_strings`` (with ``tokenizer``), ``max_time``
-    and ``stopping_criteria`` end a row at the first token after which they hold. Settings it does not
-    do raise an error naming them (see :mod:`semverify.generation_config`). Returns the
-    sequences, or with ``return_dict_in_generate=True`` a :class:`SpecGenerateOutput` whose
-    ``spec_stats`` holds the call's statistics. Random draws use ``generator`` or one seeded from
-    torch's global RNG, so ``torch.manual_seed`` makes sampled runs repeatable. ``acceptance`` is the
-    former name of ``rule``.
+    Sampling settings, ``max_new_tokens`` and ``eos_token_id`` come from ``kwargs`` and
+    ``generation_config`` as in transformers, and so do the logits processors it builds
+    (``repetition_penalty``, ``min_new_tokens``, ``no_repeat_ngram_size``, ``bad_words_ids``, ... plus
+    ``logits_processor``), applied at every verified position with its own prefix and to the draft
+    model's distribution; ``stop_strings`` (with ``tokenizer``), ``max_time`` and ``stopping_criteria``
+    end a row at the first token after which they hold. Settings it does not do raise an error naming
+    them (see :mod:`semverify.generation_config`). Returns the sequences, or with
+    ``return_dict_in_generate=True`` a :class:`SpecGenerateOutput` whose ``spec_stats`` holds the
+    call's statistics. Random draws use ``generator`` or one seeded from torch's global RNG, so
+    ``torch.manual_seed`` makes sampled runs repeatable. ``acceptance`` is the former name of ``rule``.
     """
     if acceptance is not None:
         warnings.warn("generate(acceptance=...) is now generate(rule=...)", FutureWarning, stacklevel=2)
@@ -149,7 +150,14 @@ def _pick_drafter(model, rule, assistant_model, drafter, num_assistant_tokens, p
     resources = DraftResources(draft_model=assistant_model, tokenizer=tokenizer, eos_token_id=config.eos_token_id,
                                confidence_threshold=setting(config, "assistant_confidence_threshold"),
                                max_matching_ngram_size=setting(config, "max_matching_ngram_size"))
-    return make_drafter(kind, resources, k), k
+    schedule = config.num_assistant_tokens_schedule or "constant"
+    if schedule not in ("constant", "heuristic", "heuristic_transient"):
+        raise ValueError(f"num_assistant_tokens_schedule must be constant, heuristic or heuristic_transient, got "
+                         f"{schedule!r}")
+    adaptive = {"adaptive": True, "start": k} if schedule != "constant" and kind == "model" else {}
+    if adaptive:  # transformers' heuristic grows the draft length without a bound; here up to 4 x the start
+        k = 4 * k
+    return make_drafter(kind, resources, k, **adaptive), k
 
 
 def check_same_vocabulary(target, assistant, tokenizer=None, assistant_tokenizer=None) -> None:

@@ -30,7 +30,7 @@ HONOURED = {
     "bad_words_ids", "suppress_tokens", "begin_suppress_tokens", "sequence_bias", "forced_bos_token_id",
     "forced_eos_token_id", "exponential_decay_length_penalty", "remove_invalid_values", "renormalize_logits",
     "stop_strings", "max_time", "num_assistant_tokens", "assistant_confidence_threshold", "prompt_lookup_num_tokens",
-    "max_matching_ngram_size", "return_dict_in_generate",
+    "max_matching_ngram_size", "return_dict_in_generate", "num_assistant_tokens_schedule",
 }
 # accepted only at these values: other search modes, outputs and cache settings the loop does not do
 NEUTRAL = {
@@ -44,7 +44,7 @@ NEUTRAL = {
     "max_cache_len": (None,), "compile_config": (None,), "disable_compile": (None, False, True),
     "continuous_batching_config": (None,), "speculation_type": (None,), "use_mtp": (None, False),
     "assistant_early_exit": (None,), "assistant_lookbehind": (None,), "target_lookbehind": (None,),
-    "assistant_ensemble_weight": (None,), "num_assistant_tokens_schedule": (None, "constant"),
+    "assistant_ensemble_weight": (None,),
     "decoder_start_token_id": (None,),
 }
 # bookkeeping: does not change what a decoder-only model generates from a given prompt

@@ -262,7 +262,7 @@ def _row_drafter(drafter: Drafter, batch: int):
         return drafter
     if batch == 1:
         return PerRowDrafter([drafter])
-    if hasattr(drafter, "model"):
+    if not getattr(drafter, "per_row_copies", True):
         raise NotImplementedError(f"{type(drafter).__name__} drafts one sequence at a time; decode with batch "
                                   "size 1 (or use assistant_model= for token drafts)")
     return PerRowDrafter([copy.copy(drafter) for _ in range(batch)])

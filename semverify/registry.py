@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
-from .drafters import Drafter, ModelDrafter, NoDrafter, PromptLookupDrafter
+from .drafters import Drafter, HybridDrafter, ModelDrafter, ModelTreeDrafter, NoDrafter, PromptLookupDrafter
 from .rules import AcceptanceRule, GreedyMatch, SpeculativeSampling, TypicalAcceptance
 
 
@@ -314,12 +314,21 @@ def _split(spec: str) -> list[str]:
 
 # -- the core entries ---------------------------------------------------------------------------------
 
-def _model_drafter(resources: DraftResources, k: int) -> ModelDrafter:
-    return ModelDrafter(resources.draft_model, resources.confidence_threshold, resources.eos_token_id)
+def _model_drafter(resources: DraftResources, k: int, **settings) -> ModelDrafter:
+    return ModelDrafter(resources.draft_model, resources.confidence_threshold, resources.eos_token_id, **settings)
 
 
-def _int8_model_drafter(resources: DraftResources, k: int) -> ModelDrafter:
-    return ModelDrafter(resources.draft_model_int8, resources.confidence_threshold, resources.eos_token_id)
+def _int8_model_drafter(resources: DraftResources, k: int, **settings) -> ModelDrafter:
+    return ModelDrafter(resources.draft_model_int8, resources.confidence_threshold, resources.eos_token_id,
+                        **settings)
+
+
+def _model_tree_drafter(resources: DraftResources, k: int, **settings) -> ModelTreeDrafter:
+    return ModelTreeDrafter(resources.draft_model, eos_token_id=resources.eos_token_id, **settings)
+
+
+def _hybrid_drafter(resources: DraftResources, k: int, min_tokens: int = 2, **settings) -> HybridDrafter:
+    return HybridDrafter(_model_drafter(resources, k, **settings), _prompt_lookup(resources, k), min_tokens)
 
 
 def _prompt_lookup(resources: DraftResources, k: int, **settings) -> PromptLookupDrafter:
@@ -330,8 +339,13 @@ register_rule("greedy", GreedyMatch)
 register_rule("speculative", SpeculativeSampling)
 register_rule("typical", TypicalAcceptance)
 register_drafter(DrafterKind("none", lambda resources, k: NoDrafter()))
-register_drafter(DrafterKind("model", _model_drafter, needs=("draft_model",)))
-register_drafter(DrafterKind("model_int8", _int8_model_drafter, needs=("draft_model_int8",)))
+_ADAPTIVE = ("entropy_stop", "adaptive", "start")  # a model drafter's own settings (drafter.NAME=...)
+register_drafter(DrafterKind("model", _model_drafter, needs=("draft_model",), settings=_ADAPTIVE))
+register_drafter(DrafterKind("model_int8", _int8_model_drafter, needs=("draft_model_int8",), settings=_ADAPTIVE))
+register_drafter(DrafterKind("model_tree", _model_tree_drafter, needs=("draft_model",),
+                             settings=("budget", "branch", "threshold"), default_k=8, batches=False))
+register_drafter(DrafterKind("hybrid", _hybrid_drafter, needs=("draft_model",), settings=("min_tokens", *_ADAPTIVE),
+                             batches=False))
 register_drafter(DrafterKind("prompt_lookup", _prompt_lookup, settings=("prefer",), default_k=10))
 for _preset in (
     Method("vanilla", "none"),
@@ -340,5 +354,8 @@ for _preset in (
     Method("sd_int8", "model_int8"),
     Method("pld", "prompt_lookup", k=10),
     Method("typical", "model", "typical"),
+    Method("sd_tree", "model_tree", "greedy", k=8),  # draft-model trees (greedy decoding)
+    Method("sd_adaptive", "model", drafter_params={"adaptive": True}, k=10),
+    Method("hybrid", "hybrid"),  # prompt lookup, the draft model on a miss
 ):
     register_method(_preset)

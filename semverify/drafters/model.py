@@ -9,8 +9,9 @@ import torch
 from transformers import PreTrainedModel
 
 from ..cache import RowCache
+from ..rules import entropy
 from ..sampling import Sampler, sample_from
-from ..types import Draft, eos_ids
+from ..types import Draft, StepOutcome, eos_ids
 from .base import BaseDrafter
 
 
@@ -18,7 +19,10 @@ class ModelDrafter(BaseDrafter):
     """Drafts up to k tokens per row autoregressively with ``model``, sampling through the loop's sampler.
 
     ``confidence_threshold`` stops a row's draft early once the draft's top probability falls below it
-    (transformers' ``assistant_confidence_threshold`` idea): unlikely tokens waste draft forwards.
+    (transformers' ``assistant_confidence_threshold`` idea): unlikely tokens waste draft forwards;
+    ``entropy_stop`` does the same once the draft's entropy (nats) exceeds it. ``adaptive`` learns each
+    row's draft length from the feedback hook, as transformers' "heuristic" schedule: from ``start``,
+    two more after a step that accepted every draft token, one fewer otherwise (at most the loop's k).
     A draft also ends at an end-of-sequence token (``eos_token_id``, by default the draft model's
     generation config): nothing after it would ever be emitted. Rows of a batch draft together, each
     with its own length and random stream, so every row drafts what it would draft alone.
@@ -27,13 +31,19 @@ class ModelDrafter(BaseDrafter):
     gives_probs = True
     needs_target_hidden = False
     batch_rows = True  # drafts a batch in lockstep (see propose_rows)
+    per_row_copies = False  # holds a model cache: one drafter serves every row
 
     def __init__(self, model: PreTrainedModel, confidence_threshold: float | None = None,
-                 eos_token_id: int | list[int] | None = None) -> None:
+                 eos_token_id: int | list[int] | None = None, entropy_stop: float | None = None,
+                 adaptive: bool = False, start: int = 5) -> None:
         if confidence_threshold is not None and not 0.0 <= confidence_threshold < 1.0:
             raise ValueError(f"confidence_threshold must be in [0, 1), got {confidence_threshold}")
+        if entropy_stop is not None and entropy_stop < 0 or start < 1:
+            raise ValueError("entropy_stop must be >= 0 (nats) and start >= 1")
         self.model = model
-        self.confidence_threshold = confidence_threshold
+        self.confidence_threshold, self.entropy_stop = confidence_threshold, entropy_stop
+        self.adaptive, self.start = adaptive, start
+        self.lengths: list[int] = []  # with adaptive: each row's draft length now
         if eos_token_id is None:
             eos_token_id = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
         self.eos = set(eos_ids(eos_token_id))
@@ -52,6 +62,7 @@ class ModelDrafter(BaseDrafter):
     def reset_rows(self, prompts: list[torch.LongTensor]) -> None:
         self.rows = RowCache(self.model, len(prompts), role="draft model")
         self.fed = [0] * len(prompts)
+        self.lengths = [self.start] * len(prompts)
 
     def propose(self, input_ids: torch.LongTensor, k: int, sampler: Sampler,
                 generator: torch.Generator | None) -> Draft:
@@ -78,6 +89,8 @@ class ModelDrafter(BaseDrafter):
                    keep_hidden: bool = False) -> tuple[Draft, torch.Tensor | None]:
         """Up to ``ks[b]`` tokens after each row's sequence, drafted together: one forward per draft
         token for all rows still drafting. Returns the padded draft with its ``lengths`` (and hidden states)."""
+        if self.adaptive:
+            ks = [min(k, length) for k, length in zip(ks, self.lengths)]
         batch, most = len(sequences), max(ks)
         pending = [seq[fed:] for seq, fed in zip(sequences, self.fed)]  # tokens the cache has not seen
         width = max(len(p) for p in pending)
@@ -110,7 +123,8 @@ class ModelDrafter(BaseDrafter):
                 drafting[row] = not (lengths[row] == ks[row] or int(token) in self.eos
                                      or (stop is not None and stop(row_tokens))
                                      or (self.confidence_threshold is not None
-                                         and float(q[row].max()) < self.confidence_threshold))
+                                         and float(q[row].max()) < self.confidence_threshold)
+                                     or (self.entropy_stop is not None and float(entropy(q[row])) > self.entropy_stop))
             feed, valid = tokens[:, j : j + 1], torch.tensor(drafting)[:, None]  # only rows that draft on
         n = max(lengths)
         draft_probs = torch.stack(probs, dim=1)[:, :n] if probs else None
@@ -132,6 +146,16 @@ class ModelDrafter(BaseDrafter):
         self.rows.keep(kept)
         self._added = []
 
+    def feedback_rows(self, outcomes: list[StepOutcome]) -> None:
+        """Adaptive lengths: +2 after a fully accepted draft, -1 otherwise (never below 1)."""
+        if self.adaptive:
+            self.lengths = [length + 2 if o.drafted and o.accepted == o.drafted else max(1, length - 1)
+                            for length, o in zip(self.lengths, outcomes)]
+
+    def feedback(self, outcome: StepOutcome) -> None:
+        self.feedback_rows([outcome])
+
     def keep_rows(self, rows: list[int]) -> None:
         self.rows.select(torch.tensor(rows, dtype=torch.long))
         self.fed = [self.fed[i] for i in rows]
+        self.lengths = [self.lengths[i] for i in rows]
