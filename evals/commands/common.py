@@ -4,9 +4,19 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Callable
 
 from semverify.commands import non_negative_int, positive_int
 from semverify.models import DEFAULT_DRAFT, DEFAULT_TARGET
+
+
+def printed(benchmark: Callable[[argparse.Namespace], str]) -> Callable[[argparse.Namespace], int]:
+    """A command that runs ``benchmark`` and prints the table it returns."""
+    def run(args: argparse.Namespace) -> int:
+        print(benchmark(args))
+        return 0
+
+    return run
 
 
 def add_models(p: argparse.ArgumentParser, draft: bool = True, dtype: str = "bfloat16") -> None:

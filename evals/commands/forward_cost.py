@@ -7,7 +7,7 @@ import argparse
 from evals.forward_cost import SIZES, run_forward_cost
 from semverify.commands import Command, positive_int
 
-from .common import add_models
+from .common import add_models, printed
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -18,9 +18,5 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="results/forward-cost")
 
 
-def run(args: argparse.Namespace) -> int:
-    print(run_forward_cost(args))
-    return 0
-
-
-COMMAND = Command("forward-cost", "time one verification forward against its number of draft tokens", configure, run)
+COMMAND = Command("forward-cost", "time one verification forward against its number of draft tokens", configure,
+                  printed(run_forward_cost))

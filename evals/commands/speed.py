@@ -7,7 +7,7 @@ import argparse
 from evals.speed import METHODS, run_speed
 from semverify.commands import Command, positive_int
 
-from .common import add_models
+from .common import add_models, printed
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -22,10 +22,5 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="results/speed")
 
 
-def run(args: argparse.Namespace) -> int:
-    print(run_speed(args))
-    return 0
-
-
 COMMAND = Command("speed", "speed benchmark against transformers' assisted generation (greedy, resumable)",
-                  configure, run)
+                  configure, printed(run_speed))

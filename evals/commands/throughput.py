@@ -7,7 +7,7 @@ import argparse
 from evals.throughput import METHODS, run_throughput
 from semverify.commands import Command, positive_int
 
-from .common import add_models
+from .common import add_models, printed
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -21,10 +21,5 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="results/batch")
 
 
-def run(args: argparse.Namespace) -> int:
-    print(run_throughput(args))
-    return 0
-
-
 COMMAND = Command("throughput", "total tokens/s at several batch sizes: the target alone against speculative decoding",
-                  configure, run)
+                  configure, printed(run_throughput))

@@ -16,20 +16,16 @@ def make_easd(
     percentile: float | None = None,
     draft_calibration: str | None = None,
     target_calibration: str | None = None,
-    top_n: int = 5,
-    overlap: float = 0.6,
-    resample: str = "target",
     normalize: bool = False,
-    use_entropy: bool = True,
-    use_overlap: bool = True,
+    **options,
 ) -> EntropyAwareRule:
     """The ``easd`` rule from raw entropy thresholds (nats), or from a percentile of each model's calibration.
 
     Calibrations are found by the run's model names (``context``), or given as JSON files
     (``draft_calibration``/``target_calibration``); the run's temperature picks the calibration made at
     it (greedy decoding sees the T=1 distributions). With no thresholds at all, the percentile is
-    ``DEFAULT_PERCENTILE``. ``use_entropy=False`` / ``use_overlap=False`` are the paper's ablations
-    (overlap alone, entropy alone decides the penalty).
+    ``DEFAULT_PERCENTILE``. ``options`` go to :class:`EntropyAwareRule` (``top_n``, ``overlap``,
+    ``resample``, and the paper's ablations ``use_entropy=False`` / ``use_overlap=False``).
     """
     artifacts: tuple[str, ...] = ()
     if draft_entropy is None and target_entropy is None:
@@ -47,8 +43,7 @@ def make_easd(
     elif draft_entropy is None or target_entropy is None:
         raise ValueError("easd needs thresholds for both models: draft_entropy and target_entropy (nats), or neither "
                          "(a percentile)")
-    rule = EntropyAwareRule(draft_entropy, target_entropy, top_n=top_n, overlap=overlap, resample=resample,
-                            normalize=normalize, use_entropy=use_entropy, use_overlap=use_overlap)
+    rule = EntropyAwareRule(draft_entropy, target_entropy, normalize=normalize, **options)
     rule.artifacts = artifacts  # the calibration files it was built from (runs pin them by content)
     return rule
 
