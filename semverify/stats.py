@@ -23,6 +23,7 @@ class SpecStats:
     accepted: int = 0
     new_tokens: int = 0
     accept_lengths: list[int] = field(default_factory=list)
+    draft_lengths: list[int] = field(default_factory=list)  # tokens drafted at each step (its forward's width)
     drafted_per_position: list[int] = field(default_factory=list)
     accepted_per_position: list[int] = field(default_factory=list)
     reasons: Counter = field(default_factory=Counter)
@@ -45,6 +46,7 @@ class SpecStats:
             for name in ("steps", "drafted", "accepted", "new_tokens"):
                 setattr(pooled, name, getattr(pooled, name) + getattr(r, name))
             pooled.accept_lengths += r.accept_lengths
+            pooled.draft_lengths += r.draft_lengths
             _add_lists(pooled.drafted_per_position, r.drafted_per_position)
             _add_lists(pooled.accepted_per_position, r.accepted_per_position)
             pooled.reasons.update(r.reasons)
@@ -66,6 +68,7 @@ class SpecStats:
         self.accepted += outcome.accepted
         self.new_tokens += outcome.emitted.shape[1]
         self.accept_lengths.append(outcome.accepted)
+        self.draft_lengths.append(outcome.drafted)
         self.draft_time += draft_time
         self.verify_time += verify_time
         _add_prefix(self.drafted_per_position, positions)
@@ -110,6 +113,7 @@ class SpecStats:
             "tau": self.tau,
             "alpha": self.alpha,
             "accept_lengths": list(self.accept_lengths),
+            "draft_lengths": list(self.draft_lengths),
             "acceptance_by_position": self.acceptance_by_position,
             "reasons": dict(self.reasons),
             "reasons_per_position": {k: list(v) for k, v in self.reasons_per_position.items()},

@@ -58,7 +58,7 @@ def test_method_configs_combine_in_order():
     assert load_methods(None, str(configs[1])) == methods[1:]  # one path alone, as a string
 
 
-def test_drafter_settings_go_to_the_retrieval_drafter_only():
+def test_drafter_settings_are_checked_against_the_drafter_kind():
     m = parse_method("sense:drafter.max_nodes=24,drafter.num_candidates=4,theta_e=0.1")
     assert m.drafter_params == {"max_nodes": 24, "num_candidates": 4} and m.rule_params == {"theta_e": 0.1}
     assert m.to_dict()["drafter_params"] == m.drafter_params and "drafter_params" not in get_method("sd").to_dict()
@@ -66,8 +66,10 @@ def test_drafter_settings_go_to_the_retrieval_drafter_only():
         parse_method("sense:drafter.nodes=3")
     with pytest.raises(ValueError, match="known: .*max_nodes"):
         parse_method("rest:drafter.semantic=true")  # REST's switch is fixed by the method
-    with pytest.raises(ValueError, match="drafter 'model' takes no settings"):
+    with pytest.raises(ValueError, match="unknown drafter settings max_nodes; known: adaptive"):
         parse_method("sd:drafter.max_nodes=3")
+    with pytest.raises(ValueError, match="unknown drafter settings max_nodes; known: prefer"):
+        parse_method("pld:drafter.max_nodes=3")
 
 
 def test_rule_the_drafter_cannot_serve_is_refused(monkeypatch):
