@@ -32,6 +32,10 @@ DRAFTERS = {"semverify_tree": lambda draft: ModelTreeDrafter(draft, budget=24),
             "semverify_hybrid": lambda draft: HybridDrafter(ModelDrafter(draft, 0.4))}
 
 
+STEP_COST_NOTE = ("\nStep cost: a step's draft, verification and other time in units of the target alone's time "
+                  "per token; the speedup is about tau / (their sum).\n")
+
+
 def run_method(name: str, target, drafts: dict, ids: torch.LongTensor, args) -> tuple[torch.LongTensor, dict]:
     """Decode ``ids`` greedily with one method; returns the new tokens and the method's statistics.
 
@@ -82,6 +86,7 @@ def summarise(rows: list[dict], methods: list[str]) -> dict:
             # the verification forward's width, and where the time went
             "draft_per_step": _mean([r["stats"]["drafted"] / r["stats"]["steps"] for r in rs if r.get("stats")]),
             "time_shares": _shares([r["stats"] for r in rs if r.get("stats")]),
+            "step_cost": _step_cost([r["stats"] for r in rs if r.get("stats")], [by[(i, "target")] for i in ids]),
         }
     for ours, theirs in (("semverify_sd", "hf_assisted"), ("semverify_sd_q8", "hf_assisted_q8"),
                          ("semverify_pld", "hf_pld")):
@@ -99,6 +104,16 @@ def _shares(stats: list[dict]) -> dict[str, float] | None:
     return {part: sum(s[f"{part}_time"] for s in stats) / total for part in ("draft", "verify", "other")}
 
 
+def _step_cost(stats: list[dict], target_rows: list[dict]) -> dict[str, float] | None:
+    """The arithmetic behind a speedup: a step's draft, verification and other time in units of the target
+    alone's time per token (pooled over the same prompts); the speedup is about tau / their sum."""
+    steps = sum(s["steps"] for s in stats)
+    if not steps:
+        return None
+    per_token = sum(r["wall_s"] for r in target_rows) / sum(r["new_tokens"] for r in target_rows)
+    return {part: sum(s[f"{part}_time"] for s in stats) / steps / per_token for part in ("draft", "verify", "other")}
+
+
 def _mean(xs: list[float]) -> float | None:
     return sum(xs) / len(xs) if xs else None
 
@@ -107,17 +122,19 @@ def markdown(summary: dict, env: dict) -> str:
     lines = [f"Speed, greedy, {env['dtype']}, {env['target']} <- {env['draft']}, {env['max_new_tokens']} new tokens, "
              f"{env['date'][:10]}, {env['cpu']} ({env['torch_threads']} threads)", "",
              "| method | prompts | tok/s (median) | speedup vs target (median) | vs transformers | tau | alpha "
-             "| draft tokens per step | time draft/verify/other | identical to target |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "| draft tokens per step | time draft/verify/other | step cost draft+verify+other | identical to target |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for m, s in summary.items():
         vs = next((f"{v:.2f}x" for k, v in s.items() if k.startswith("speedup_vs_hf")), "")
         tau = f"{s['tau']:.2f}" if s["tau"] is not None else ""
         alpha = f"{s['alpha']:.2f}" if s["alpha"] is not None else ""
         width = f"{s['draft_per_step']:.1f}" if s.get("draft_per_step") is not None else ""
         shares = "/".join(f"{100 * v:.0f}%" for v in s["time_shares"].values()) if s.get("time_shares") else ""
+        cost = "+".join(f"{v:.2f}" for v in s["step_cost"].values()) if s.get("step_cost") else ""
         lines.append(f"| {m} | {s['prompts']} | {s['tok_s_median']:.2f} | {s['speedup_vs_target_median']:.2f}x | "
-                     f"{vs} | {tau} | {alpha} | {width} | {shares} | {s['identical_to_target']}/{s['prompts']} |")
-    return "\n".join(lines) + "\n"
+                     f"{vs} | {tau} | {alpha} | {width} | {shares} | {cost} | "
+                     f"{s['identical_to_target']}/{s['prompts']} |")
+    return "\n".join(lines) + "\n" + STEP_COST_NOTE
 
 
 def run_speed(args) -> str:

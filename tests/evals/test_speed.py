@@ -18,3 +18,18 @@ def test_speed_runs_semverifys_drafters_beside_transformers(tiny_checkpoint, tmp
         assert set(summary[name]["time_shares"]) == {"draft", "verify", "other"}
     assert summary["semverify_tree"]["draft_per_step"] > 0 and summary["target"]["draft_per_step"] is None
     assert "draft tokens per step" in capsys.readouterr().out
+
+
+def test_step_cost_is_the_arithmetic_of_the_speedup():
+    from evals.speed import summarise
+
+    target = [{"id": i, "method": "target", "tok_s": 2.0, "wall_s": 5.0, "new_tokens": 10, "tokens": [1], "stats": None}
+              for i in (0, 1)]
+    # 4 steps of 5 tokens per prompt: each step drafts for 1 s, verifies for 2 s and spends 0.1 s elsewhere
+    stats = {"steps": 4, "drafted": 16, "tau": 5.0, "alpha": 1.0, "draft_time": 4.0, "verify_time": 8.0,
+             "other_time": 0.4, "total_time": 12.4}
+    sd = [{"id": i, "method": "semverify_sd", "tok_s": 20 / 12.4, "wall_s": 12.4, "new_tokens": 20, "tokens": [1],
+           "stats": stats} for i in (0, 1)]
+    s = summarise(target + sd, ["target", "semverify_sd"])["semverify_sd"]
+    assert s["step_cost"] == {"draft": 2.0, "verify": 4.0, "other": 0.2}  # the target takes 0.5 s a token
+    assert abs(s["tau"] / sum(s["step_cost"].values()) - s["speedup_vs_target_median"]) < 1e-9
