@@ -34,18 +34,25 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out-dir", default=None,
                    help="where the pair's folder of probes goes (default: the semverify cache, where the rule finds "
                         "them by the models' names)")
-    p.add_argument("--sample-only", action="store_true", help="draw the samples, do not label or train")
+    stage = p.add_mutually_exclusive_group()
+    stage.add_argument("--sample-only", action="store_true", help="draw the samples, do not label or train")
+    stage.add_argument("--train-only", action="store_true",
+                       help="label and train on the samples drawn so far (to stop a long draw early); loads no "
+                            "language model")
 
 
 def run(args: argparse.Namespace) -> int:
-    settings = labelling.LabelSettings(samples=args.samples, temperature=args.temperature,
-                                       max_step_tokens=args.max_step_tokens, per_answer=args.per_answer)
-    bench = get_benchmark("gsm8k")
-    problems = bench.load(args.data, args.problems, split="train")  # a bad data file fails before the models load
-    target, tokenizer = load_model(args.target, dtype=args.dtype)
-    draft, _ = load_model(args.draft, dtype=args.dtype)
-    prompts = [bench.prompt(tokenizer, p) for p in problems]
-    labelling.collect(target, draft, tokenizer, prompts, args.work, settings, args.answer_batch, args.group)
+    if args.train_only:
+        settings = labelling.drawn_settings(args.work)
+    else:
+        settings = labelling.LabelSettings(samples=args.samples, temperature=args.temperature,
+                                           max_step_tokens=args.max_step_tokens, per_answer=args.per_answer)
+        bench = get_benchmark("gsm8k")
+        problems = bench.load(args.data, args.problems, split="train")  # a bad data file fails before models load
+        target, tokenizer = load_model(args.target, dtype=args.dtype)
+        draft, _ = load_model(args.draft, dtype=args.dtype)
+        prompts = [bench.prompt(tokenizer, p) for p in problems]
+        labelling.collect(target, draft, tokenizer, prompts, args.work, settings, args.answer_batch, args.group)
     if args.sample_only:
         return 0
     judge = judges.meaning_judge(args.threshold, require_numbers=not args.ignore_numbers)

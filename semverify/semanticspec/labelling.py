@@ -247,6 +247,14 @@ def collect(target, draft, tokenizer, prompts: Sequence[str], work: str | os.Pat
     return folder
 
 
+def drawn_settings(work: str | os.PathLike) -> LabelSettings:
+    """The settings the samples under ``work`` were drawn with."""
+    path = Path(work) / "settings.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found: no probe data was drawn in {work}")
+    return LabelSettings(**json.loads(path.read_text()))
+
+
 def _check_settings(work: Path, settings: LabelSettings) -> None:
     """Record the settings in ``work/settings.json``; refuse to resume a folder drawn with other ones."""
     path = work / "settings.json"

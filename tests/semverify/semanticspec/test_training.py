@@ -107,7 +107,8 @@ def test_meaning_judge_needs_the_same_results():
         ["In total she has 5 apples.", "In total she has 6 apples."], "")[1]
 
 
-def test_probes_command_trains_a_pair_the_rule_accepts(tmp_path, tiny_checkpoint):
+def test_probes_command_trains_a_pair_the_rule_accepts(tmp_path, tiny_checkpoint, monkeypatch):
+    from evals.commands import probes as probes_command
     from semverify.cli import main
 
     data = tmp_path / "train.jsonl"
@@ -121,3 +122,13 @@ def test_probes_command_trains_a_pair_the_rule_accepts(tmp_path, tiny_checkpoint
     probe = SemanticProbe.load(report["probes"]["target"], model=str(tiny_checkpoint))
     assert probe.meta["pair"] == report["pair"] and probe.meta["command"].startswith("semverify probes --target ")
     assert report["settings"]["samples"] == 3 and report["prefixes"] > 0
+
+    # a long draw stopped early: train on what is there, without loading the language models
+    def no_loading(*args, **kwargs):
+        raise AssertionError("--train-only loaded a model")
+
+    monkeypatch.setattr(probes_command, "load_model", no_loading)
+    assert main(["probes", "--target", str(tiny_checkpoint), "--draft", str(tiny_checkpoint), "--train-only",
+                 "--work", str(tmp_path / "work"), "--out-dir", str(out)]) == 0
+    again = json.loads((tmp_path / "work" / "probe_report.json").read_text())
+    assert again["settings"] == report["settings"] and again["pair"] == report["pair"]  # same data, same pair
