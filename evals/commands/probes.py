@@ -8,7 +8,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from evals.benchmarks import get_benchmark
-from semverify.commands import Command, positive_int
+from semverify.commands import Command, non_negative_int, positive_int
 from semverify.models import cache_root, load_model
 from semverify.semanticspec import judges, labelling, pair_key, training
 
@@ -34,6 +34,8 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out-dir", default=None,
                    help="where the pair's folder of probes goes (default: the semverify cache, where the rule finds "
                         "them by the models' names)")
+    p.add_argument("--folds", type=non_negative_int, default=5,
+                   help="cross-validation folds by prefix for the out-of-fold signal AUROCs (0: skip)")
     stage = p.add_mutually_exclusive_group()
     stage.add_argument("--sample-only", action="store_true", help="draw the samples, do not label or train")
     stage.add_argument("--train-only", action="store_true",
@@ -58,6 +60,7 @@ def run(args: argparse.Namespace) -> int:
     judge = judges.meaning_judge(args.threshold, require_numbers=not args.ignore_numbers)
     data = training.label_samples(args.work, judge)
     draft_probe, target_probe, report = training.train_pair(data, args.draft, args.target)
+    report["cross_validated"] = training.cross_validate(data, args.folds) if args.folds else None
     meta = {"judge": judge.__name__, "settings": asdict(settings), "dtype": args.dtype, "problems": args.problems,
             "command": args.command_line}
     out = (Path(args.out_dir) if args.out_dir else cache_root() / "probes") / pair_key(args.draft, args.target)
@@ -67,6 +70,7 @@ def run(args: argparse.Namespace) -> int:
         paths[probe.meta["role"]] = str(probe.save(out / f"{probe.meta['role']}.pt"))
     report.update(probes=paths, **meta)
     (Path(args.work) / "probe_report.json").write_text(json.dumps(report, indent=2))
+    (Path(args.work) / "probe_report.md").write_text(training.report_markdown(report))
     print(json.dumps({"probes": paths, "pair": report["pair"], "held_out": report["test_draft_steps"],
                       "target_test": report["target_on_draft_steps"]["test"], "draft_test": report["draft"]["test"]},
                      indent=2))

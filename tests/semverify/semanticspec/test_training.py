@@ -75,9 +75,34 @@ def test_collect_label_and_train_a_pair_end_to_end(tmp_path):
         assert name in report["target"]["test"] and name in report["draft"]["test"]
     assert set(report["test_draft_steps"]["auroc_label0"]) == {"probe_ratio", "probe_target", "mean_logp", "min_logp",
                                                                "neg_max_rank"}
+    cv = training.cross_validate(data, folds=2, width=8, epochs=3, patience=1, resamples=20)
+    assert cv["n"] == len(data["draft_y"])
+    assert set(cv["auroc_label0"]) == set(report["test_draft_steps"]["auroc_label0"])
+    report["cross_validated"] = cv
+    assert "| probe ratio P_t/P_d |" in training.report_markdown(report)
     d_path, t_path = d_probe.save(tmp_path / "d.pt"), t_probe.save(tmp_path / "t.pt")
     rule = get_rule("semanticspec", draft_probe=str(d_path), target_probe=str(t_path))  # a matched pair
     assert rule.draft_probe.meta["pair"] == report["pair"]
+
+
+def test_cross_validation_scores_every_draft_step_out_of_fold():
+    g = torch.Generator().manual_seed(0)
+    groups = torch.arange(12).repeat_interleave(4)  # 12 prefixes, 4 draft steps each
+    label = (torch.arange(48) % 4 != 0).float()  # one step a prefix the target never writes
+    x = torch.randn(48, 6, generator=g) + 3 * label[:, None]  # states that show the label
+    # the target's own log-probability shows it too: -5 for label-0 steps, -0.5 otherwise
+    stats = [torch.full((3, 5), -5.0 if y == 0 else -0.5) for y in label]
+    data = {"target_x": x, "target_y": label, "target_group": groups,
+            "target_is_draft": torch.ones(48, dtype=torch.bool), "draft_x": x, "draft_y": label,
+            "draft_group": groups, "draft_label_t": label, "draft_stats": stats}
+    cv = training.cross_validate(data, folds=3, width=8, resamples=50)
+    assert cv["n"] == 48 and cv["label0_share"] == 0.25 and cv["prefixes"] == 12
+    assert cv["auroc_label0"]["mean_logp"] == {"auroc": 1.0, "ci95": [1.0, 1.0]}
+    assert cv["auroc_label0"]["probe_target"]["auroc"] > 0.9 and cv["target_on_draft_steps"]["r2"] > 0.5
+    with pytest.raises(ValueError, match="too few"):
+        training.cross_validate(data, folds=7)
+    with pytest.raises(ValueError, match="at least 2 folds"):
+        training.cross_validate(data, folds=1)
 
 
 def test_auroc_and_regression_metrics():
@@ -117,7 +142,7 @@ def test_probes_command_trains_a_pair_the_rule_accepts(tmp_path, tiny_checkpoint
     out = tmp_path / "probes"
     assert main(["probes", "--target", str(tiny_checkpoint), "--draft", str(tiny_checkpoint), "--data", str(data),
                  "--problems", "4", "--per-answer", "1", "--samples", "3", "--max-step-tokens", "4", "--dtype",
-                 "float32", "--work", str(tmp_path / "work"), "--out-dir", str(out)]) == 0
+                 "float32", "--folds", "2", "--work", str(tmp_path / "work"), "--out-dir", str(out)]) == 0
     report = json.loads((tmp_path / "work" / "probe_report.json").read_text())
     probe = SemanticProbe.load(report["probes"]["target"], model=str(tiny_checkpoint))
     assert probe.meta["pair"] == report["pair"] and probe.meta["command"].startswith("semverify probes --target ")
@@ -129,6 +154,6 @@ def test_probes_command_trains_a_pair_the_rule_accepts(tmp_path, tiny_checkpoint
 
     monkeypatch.setattr(probes_command, "load_model", no_loading)
     assert main(["probes", "--target", str(tiny_checkpoint), "--draft", str(tiny_checkpoint), "--train-only",
-                 "--work", str(tmp_path / "work"), "--out-dir", str(out)]) == 0
+                 "--folds", "2", "--work", str(tmp_path / "work"), "--out-dir", str(out)]) == 0
     again = json.loads((tmp_path / "work" / "probe_report.json").read_text())
     assert again["settings"] == report["settings"] and again["pair"] == report["pair"]  # same data, same pair
