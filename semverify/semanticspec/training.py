@@ -23,6 +23,7 @@ from .judges import Judge
 from .probe import SemanticProbe
 
 R_MIN_GRID = (0.1, 0.2, 0.3, 0.5, 0.7, 0.9)
+MEAN_LOGPROB_GRID = (-0.05, -0.1, -0.2, -0.3, -0.5, -0.8)  # step_likelihood's min_mean_logprob
 
 
 def label_samples(work: str | os.PathLike, judge: Judge, progress: bool = True) -> dict:
@@ -218,7 +219,8 @@ def cross_validate(data: dict, folds: int = 5, width: int = 512, seed: int = 42,
             "target_on_draft_steps": regression_metrics(p_t, y_t), "draft": regression_metrics(p_d, data["draft_y"]),
             "auroc_label0": {name: {"auroc": auroc(sig, label_t > 0), "ci95": interval(sig)}
                              for name, sig in signals.items()},
-            "ratio_rule": [_ratio_rule(signals["probe_ratio"], label_t, r_min) for r_min in R_MIN_GRID]}
+            "ratio_rule": [_ratio_rule(signals["probe_ratio"], label_t, r_min) for r_min in R_MIN_GRID],
+            "likelihood_rule": [_likelihood_rule(signals["mean_logp"], label_t, t) for t in MEAN_LOGPROB_GRID]}
 
 
 SIGNALS = {"probe_ratio": "probe ratio P_t/P_d", "probe_target": "P_t alone",
@@ -251,7 +253,20 @@ def report_markdown(report: dict) -> str:
         for r in cv["ratio_rule"]:
             bad = 100 * r["label0_share_of_accepted"]
             lines.append(f"| {r['r_min']} | {100 * r['accept_share']:.1f}% | {bad:.1f}% |")
+        lines += ["", "| step_likelihood min_mean_logprob | steps accepted | accepted steps the target never writes |",
+                  "|---|---|---|"]
+        for r in cv["likelihood_rule"]:
+            bad = 100 * r["label0_share_of_accepted"]
+            lines.append(f"| {r['min_mean_logprob']} | {100 * r['accept_share']:.1f}% | {bad:.1f}% |")
     return "\n".join(lines) + "\n"
+
+
+def _likelihood_rule(mean_logp: torch.Tensor, label_t: torch.Tensor, threshold: float) -> dict:
+    """step_likelihood's test on draft steps: the share accepted and the share of those the target never writes."""
+    accepted = mean_logp >= threshold
+    n = int(accepted.sum())
+    return {"min_mean_logprob": threshold, "accept_share": n / max(len(mean_logp), 1),
+            "label0_share_of_accepted": float((label_t[accepted] == 0).float().mean()) if n else float("nan")}
 
 
 def _ratio_rule(ratio: torch.Tensor, label_t: torch.Tensor, r_min: float) -> dict:

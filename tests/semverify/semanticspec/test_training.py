@@ -99,6 +99,9 @@ def test_cross_validation_scores_every_draft_step_out_of_fold():
     assert cv["n"] == 48 and cv["label0_share"] == 0.25 and cv["prefixes"] == 12
     assert cv["auroc_label0"]["mean_logp"] == {"auroc": 1.0, "ci95": [1.0, 1.0]}
     assert cv["auroc_label0"]["probe_target"]["auroc"] > 0.9 and cv["target_on_draft_steps"]["r2"] > 0.5
+    # step_likelihood at -0.8 keeps exactly the steps the target writes (mean log-prob -0.5 against -5)
+    assert {r["min_mean_logprob"]: r["label0_share_of_accepted"] for r in cv["likelihood_rule"]}[-0.8] == 0.0
+    assert all(r["accept_share"] == 0.75 for r in cv["likelihood_rule"] if r["min_mean_logprob"] <= -0.5)
     with pytest.raises(ValueError, match="too few"):
         training.cross_validate(data, folds=7)
     with pytest.raises(ValueError, match="at least 2 folds"):
