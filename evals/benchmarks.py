@@ -8,6 +8,8 @@ jsonl file, or its hub id through ``datasets``; nothing is read from outside the
   is their first 20).
 - MATH-500 (MIT): the 500 MATH test problems of "Let's Verify Step by Step", graded with Math-Verify
   against the gold LaTeX answer, with accuracy per subject and level in the report.
+- HumanEval (MIT): 164 Python functions to write from a signature and docstring, graded pass@1 by
+  running the answer's code against the problem's tests in a sandboxed process.
 """
 
 from __future__ import annotations
@@ -18,15 +20,17 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .grading import GRADERS, MATH_GRADERS, grade, grade_math
+from .grading import CODE_GRADERS, GRADERS, MATH_GRADERS, grade, grade_code, grade_math
 
 DATA = Path(__file__).parent / "data"
 TRAIN = DATA / "gsm8k_train.jsonl.gz"
 DEV = DATA / "gsm8k_test_dev.jsonl"
 MATH500_FILE = DATA / "math500_test.jsonl"
+HUMANEVAL_FILE = DATA / "humaneval.jsonl.gz"
 SAMPLE_SIZE = 20
 INSTRUCTION = "Solve the problem step by step, then end with 'Final Answer: <number>'."
 MATH_INSTRUCTION = "Solve the problem step by step, and put your final answer within \\boxed{}."
+CODE_INSTRUCTION = "Complete the following Python function. Write the whole function in one ```python code block."
 
 
 @dataclass(frozen=True)
@@ -36,6 +40,7 @@ class Problem:
     answer: str  # the gold final answer
     solution: str = ""
     meta: dict = field(default_factory=dict)  # what accuracy is broken down by (MATH-500: subject, level)
+    tests: str = ""  # what grading runs (HumanEval: the check function); not stored in rows
 
 
 def read_jsonl(path: Path, fields: tuple[str, ...]) -> list[dict]:
@@ -68,6 +73,7 @@ class Benchmark:
     hub: tuple[str, str | None] = ("", None)  # dataset id and config for ``--data hub``
     templates: tuple[str, ...] = ("chat",)
     graders: tuple[str, ...] = ()
+    main_grader = ""  # the grade paired tests, plots and sweeps use unless told otherwise
     groups: tuple[str, ...] = ()  # problem meta keys the report breaks accuracy down by
 
     def shipped(self, split: str) -> Path:
@@ -134,7 +140,7 @@ class GSM8K(Benchmark):
     fields = ("question", "answer")
     hub = ("openai/gsm8k", "main")
     templates = ("chat", "fewshot")
-    graders = GRADERS
+    graders, main_grader = GRADERS, "math_verify"
 
     def shipped(self, split: str) -> Path:
         return TRAIN if split == "train" else DEV
@@ -169,7 +175,7 @@ class MATH500(Benchmark):
     name, title = "math500", "MATH-500"
     fields = ("problem", "answer")
     hub = ("HuggingFaceH4/MATH-500", None)
-    graders = MATH_GRADERS
+    graders, main_grader = MATH_GRADERS, "math_verify"
     groups = ("subject", "level")
 
     def shipped(self, split: str) -> Path:
@@ -190,13 +196,40 @@ class MATH500(Benchmark):
         return grade_math(output, problem.answer)
 
 
+class HumanEval(Benchmark):
+    """HumanEval (Chen et al. 2021): write a Python function from its signature and docstring; pass@1 runs
+    the answer's code against the problem's tests in a sandboxed process (:mod:`evals.code_exec`)."""
+
+    name, title = "humaneval", "HumanEval"
+    fields = ("task_id", "prompt", "test", "entry_point")
+    hub = ("openai_humaneval", None)
+    graders, main_grader = CODE_GRADERS, "pass@1"
+
+    def shipped(self, split: str) -> Path:
+        if split != "test":
+            raise ValueError("HumanEval has a test split only")
+        return HUMANEVAL_FILE
+
+    def problem(self, i: int, row: dict) -> Problem:
+        return Problem(i, row["prompt"], row["entry_point"], row.get("canonical_solution", ""),
+                       {"task_id": row["task_id"]}, row["test"])
+
+    def messages(self, problem: Problem, template: str = "chat") -> list[dict]:
+        """Zero-shot chat messages asking for the whole function in a code block."""
+        self.check_template(template)
+        return [{"role": "user", "content": f"{CODE_INSTRUCTION}\n\n```python\n{problem.question}```"}]
+
+    def grade(self, output: str, problem: Problem) -> dict[str, bool]:
+        return grade_code(output, problem.question, problem.tests, problem.answer)
+
+
 def worked_answer(solution: str) -> str:
     """A GSM8K reference solution in the answer format the prompt asks for."""
     body, _, final = solution.rpartition("####")
     return re.sub(r"<<[^>]*>>", "", body).strip() + f"\nFinal Answer: {final.strip()}"
 
 
-BENCHMARKS = {b.name: b for b in (GSM8K(), MATH500())}
+BENCHMARKS = {b.name: b for b in (GSM8K(), MATH500(), HumanEval())}
 
 
 def get_benchmark(name: str) -> Benchmark:

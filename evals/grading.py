@@ -3,6 +3,7 @@
 GSM8K: strict (the number in the answer's explicit marker: "Final Answer:", the last \\boxed{}, or
 "####"), flexible (the last number, as lm-evaluation-harness's flexible-extract) and Math-Verify.
 MATH-500: the last \\boxed{} compared as a normalised string, and Math-Verify against the gold LaTeX.
+HumanEval: pass@1, the answer's code run against the problem's tests in a sandboxed process.
 """
 
 from __future__ import annotations
@@ -110,3 +111,32 @@ def grade_math(output: str, gold: str) -> dict[str, bool]:
     boxed = last_boxed(output)
     return {"boxed": boxed is not None and normalize_latex(boxed) == normalize_latex(gold),
             "math_verify": grade_math_verify(output, f"${gold}$")}
+
+
+CODE_GRADERS = ("pass@1",)
+_FENCE_RE = re.compile(r"```[ \t]*(?:python|py|python3)?[ \t]*\n(.*?)(?:```|$)", re.DOTALL | re.IGNORECASE)
+
+
+def extract_code(output: str, entry_point: str) -> str:
+    """The code of an answer: the first fenced block that defines ``entry_point``, else the first fenced
+    block, else the whole text (a bare completion of the function body)."""
+    blocks = _FENCE_RE.findall(output)
+    defining = [b for b in blocks if re.search(rf"^\s*def\s+{re.escape(entry_point)}\s*\(", b, re.MULTILINE)]
+    return (defining or blocks or [output])[0]
+
+
+def code_program(prompt: str, code: str, tests: str, entry_point: str) -> str:
+    """The program that tests an answer: the prompt (its imports and helpers), then the answer's code as a
+    new definition of the function (or, when it does not define it, as the body the prompt ends with), then
+    the tests and ``check(entry_point)``."""
+    defines = re.search(rf"^\s*def\s+{re.escape(entry_point)}\s*\(", code, re.MULTILINE)
+    body = f"{prompt}\n    pass\n\n{code}" if defines else prompt + code
+    return f"{body}\n\n{tests}\n\ncheck({entry_point})\n"
+
+
+def grade_code(output: str, prompt: str, tests: str, entry_point: str, timeout: float = 10.0) -> dict[str, bool]:
+    """A HumanEval answer: does its code pass the problem's tests (see :mod:`evals.code_exec`)?"""
+    from .code_exec import run_program
+
+    program = code_program(prompt, extract_code(output, entry_point), tests, entry_point)
+    return {"pass@1": run_program(program, timeout).passed}

@@ -36,10 +36,11 @@ def mcnemar(a: list[bool], b: list[bool]) -> dict:
     return {"only_method": only_b, "only_reference": only_a, "p_value": p}
 
 
-def summarise(run_dir: str | Path, reference: str = "vanilla", grader: str = "math_verify",
+def summarise(run_dir: str | Path, reference: str = "vanilla", grader: str | None = None,
               paired: list[str] | None = None) -> dict:
     """Per-method metrics over the problems every method finished: speedups against ``reference`` and
-    exact McNemar tests against each method in ``paired`` (default: the reference)."""
+    exact McNemar tests against each method in ``paired`` (default: the reference) on ``grader`` (default:
+    the benchmark's main grade)."""
     run_dir = Path(run_dir)
     run = json.loads((run_dir / "run.json").read_text())
     methods = [Method.from_record(m) for m in run["methods"]]
@@ -54,6 +55,7 @@ def summarise(run_dir: str | Path, reference: str = "vanilla", grader: str = "ma
     ids = sorted({i for i, _ in by if all((i, m) in by for m in names)})
     batched = (s.get("batch_size") or 1) > 1
     bench = get_benchmark(s["benchmark"])
+    grader = grader or bench.main_grader
     if grader not in bench.graders:
         raise ValueError(f"{s['benchmark']} is graded by {', '.join(bench.graders)}, not {grader!r}")
     out = {"run": run, "problems": len(ids), "reference": reference, "paired": paired, "grader": grader,
@@ -313,7 +315,7 @@ def plot(summary: dict, run_dir: Path) -> list[Path]:
     return [first, second]
 
 
-def report(run_dir: str | Path, reference: str = "vanilla", grader: str = "math_verify",
+def report(run_dir: str | Path, reference: str = "vanilla", grader: str | None = None,
            paired: list[str] | None = None) -> str:
     """Write report.md, summary.json and the plots into ``run_dir``; returns the Markdown."""
     run_dir = Path(run_dir)

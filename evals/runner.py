@@ -188,7 +188,7 @@ def _run(settings: RunSettings, methods: list[Method], todo: list[tuple[Problem,
         for row in run_batch(problems, method, rules[method.name], settings, target, tokenizer, own, bench):
             writer.write(row)
             acc, taus = live.setdefault(method.name, [[], []])
-            acc.append(row["grades"]["math_verify"])
+            acc.append(row["grades"][bench.main_grader])
             taus.append(row["tau"])
         bar.update(len(problems))
         bar.set_postfix_str(" ".join(f"{n}: acc={sum(a) / len(a):.2f} tau={sum(t) / len(t):.2f}"

@@ -32,10 +32,11 @@ def parse_grid(texts: list[str]) -> dict[str, list]:
 
 
 def frontier(run_dir: str | Path, settings: list[str], reference: str, keep: float,
-             grader: str = "math_verify") -> dict:
+             grader: str | None = None) -> dict:
     """Accuracy, speedup and tau of every setting against ``reference``, and the pick: the fastest setting
     whose accuracy is at least ``keep`` x the reference's (None when no setting keeps it)."""
     summary = summarise(run_dir, reference, grader, [reference])
+    grader = summary["grader"]
     ref_acc = summary["methods"][reference]["accuracy"][grader]["acc"]
     rows = []
     for name, m in summary["methods"].items():

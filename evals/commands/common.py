@@ -42,7 +42,7 @@ def train_examples(args: argparse.Namespace, tokenizer) -> list[tuple[str, str]]
 def add_run_args(p: argparse.ArgumentParser, limit: int) -> None:
     """The arguments of a compare run: models, problems, decoding, datastore and the run folder."""
     add_models(p)
-    p.add_argument("--benchmark", default="gsm8k", help="gsm8k or math500")
+    p.add_argument("--benchmark", default="gsm8k", help="gsm8k, math500 or humaneval")
     p.add_argument("--data", default="auto", help="'auto' (the shipped dev problems), 'sample', a jsonl path or 'hub'")
     p.add_argument("--template", default="chat", help="chat (zero-shot) or fewshot (GSM8K only)")
     p.add_argument("--limit", type=positive_int, default=limit, help=f"problems to run (default {limit})")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from evals.grading import GRADERS, MATH_GRADERS
+from evals.grading import CODE_GRADERS, GRADERS, MATH_GRADERS
 from evals.report import report
 from semverify.commands import Command
 
@@ -14,8 +14,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reference", default="vanilla", help="method speedups are measured against")
     p.add_argument("--paired", default=None,
                    help="comma-separated methods to run the paired McNemar test against (default: the reference)")
-    p.add_argument("--grader", default="math_verify", choices=sorted(set(GRADERS) | set(MATH_GRADERS)),
-                   help="the grade the paired tests and plots use (each benchmark has its own set)")
+    p.add_argument("--grader", default=None, choices=sorted(set(GRADERS) | set(MATH_GRADERS) | set(CODE_GRADERS)),
+                   help="the grade the paired tests and plots use (each benchmark has its own set; default "
+                        "math_verify for GSM8K and MATH-500, pass@1 for HumanEval)")
 
 
 def run(args: argparse.Namespace) -> int:
