@@ -308,9 +308,10 @@ def _check_draft(draft: Draft, ks: list[int], rule: AcceptanceRule, sampler: Sam
         if sampler.processors is not None:
             raise NotImplementedError("logits processors (repetition_penalty, min_new_tokens, ...) are applied to "
                                       "chain drafts; use a chain drafter with them")
-        if sampler.do_sample:
-            raise NotImplementedError("tree drafts are verified path by path, which is exact for greedy "
-                                      "decoding only; use do_sample=False or a chain drafter")
+        if sampler.do_sample and not hasattr(rule, "verify_tree"):
+            raise NotImplementedError(f"rule {rule.name!r} judges tree drafts path by path, which is exact for "
+                                      "greedy decoding only; sample over trees with rule='speculative', or use "
+                                      "do_sample=False or a chain drafter")
         deepest = int(depths(draft.parents).max()) if draft.length else 0
         if deepest > k:
             raise ValueError(f"the drafter proposed a tree {deepest} tokens deep, deeper than the {k} asked for")

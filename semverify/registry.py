@@ -354,7 +354,7 @@ for _preset in (
     Method("sd_int8", "model_int8"),
     Method("pld", "prompt_lookup", k=10),
     Method("typical", "model", "typical"),
-    Method("sd_tree", "model_tree", "greedy", k=8),  # draft-model trees (greedy decoding)
+    Method("sd_tree", "model_tree", "speculative", k=8),  # draft-model trees (sampled: sibling by sibling)
     Method("sd_adaptive", "model", drafter_params={"adaptive": True}, k=10),
     Method("hybrid", "hybrid"),  # prompt lookup, the draft model on a miss
 ):

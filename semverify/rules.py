@@ -76,6 +76,8 @@ class SpeculativeSampling:
 
     With no draft probabilities (a deterministic proposer) q is one-hot, so x is kept with prob p(x)
     and a rejection draws from p with x removed. Under greedy decoding this is :class:`GreedyMatch`.
+    A sampled token tree is verified sibling by sibling with the same one-hot test
+    (:meth:`verify_tree`); a subclass that changes the test must change that too.
     """
 
     name = "speculative"
@@ -88,6 +90,12 @@ class SpeculativeSampling:
             return GreedyMatch()(x)
         n = leading_true(ratio_test(x))
         return Verdict(n, draw_after(x, n), {"ratio": prefix_mask(n, x.k)})
+
+    def verify_tree(self, x: VerifyInput) -> tuple[list[int], Verdict]:
+        """The accepted path and verdict of a sampled tree draft (see :func:`semverify.tree.sample_tree`)."""
+        from .tree import sample_tree  # the tree module builds on the rules
+
+        return sample_tree(x)
 
 
 def ratio_test(x: VerifyInput) -> torch.BoolTensor:

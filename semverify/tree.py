@@ -17,6 +17,7 @@ from transformers.cache_utils import DynamicLayer
 
 from .cache import UnsupportedCacheError
 from .rules import AcceptanceRule
+from .sampling import sample_from, uniform
 from .types import Draft, Verdict, VerifyInput
 
 
@@ -90,13 +91,17 @@ class PathInput(VerifyInput):
 def verify_paths(rule: AcceptanceRule, x: VerifyInput) -> tuple[list[int], Verdict]:
     """Run ``rule`` on every root-to-leaf path of the draft in ``x`` and keep the longest acceptance.
 
-    A chain is the one-path case and is judged as it is. For a tree, ``x.target_logits`` (and hidden
-    states) hold the n+1 rows of ``[root, nodes...]``; a path's input takes the root row and its
-    nodes' rows. Ties go to the first path. Returns the chosen path (node indices) and its verdict.
+    A chain is the one-path case and is judged as it is. A sampled tree goes to the rule's
+    ``verify_tree`` (speculative sampling: :func:`sample_tree`): path by path is exact for greedy only.
+    For a greedy tree, ``x.target_logits`` (and hidden states) hold the n+1 rows of ``[root, nodes...]``;
+    a path's input takes the root row and its nodes' rows. Ties go to the first path. Returns the chosen
+    path (node indices) and its verdict.
     """
     draft = x.draft
     if not draft.is_tree:
         return list(range(draft.length)), rule(x)
+    if x.do_sample:
+        return rule.verify_tree(x)
     best: tuple[list[int], Verdict] | None = None
     for path in leaf_paths(draft.parents):
         rows = [0] + [i + 1 for i in path]
@@ -108,6 +113,47 @@ def verify_paths(rule: AcceptanceRule, x: VerifyInput) -> tuple[list[int], Verdi
             best = (path, verdict)
     assert best is not None, "a tree draft has at least one leaf"
     return best
+
+
+def sample_tree(x: VerifyInput) -> tuple[list[int], Verdict]:
+    """Lossless sampling over a tree of proposals chosen without the target's draws (one row).
+
+    From the root down: the children of a node are tried in order, and a child with token t is kept with
+    probability p'(t), where p' is the target's distribution at the node with the earlier siblings'
+    tokens removed (renormalised). The first kept child is descended into; when none is kept, the next
+    token is drawn from what is left of p'. Each test is speculative sampling with a one-hot proposal, so
+    every emitted token is an exact draw from the target's distribution whatever the tree (EAGLE's
+    multi-candidate rule). Returns a root-to-leaf path through the accepted nodes and the verdict.
+    """
+    draft, probs = x.draft, x.target_probs[0]  # rows [root, nodes...]
+    children: dict[int, list[int]] = {}
+    for node, parent in enumerate(draft.parents.tolist()):
+        children.setdefault(parent, []).append(node)
+    tokens = draft.tokens[0].tolist()
+    node, accepted = -1, []
+    while True:
+        left = probs[node + 1].clone()
+        kept = None
+        for child in children.get(node, []):
+            total = left.sum()
+            if total <= 0:
+                break
+            if float(uniform((1,), x.generator, left.device)[0] * total) < float(left[tokens[child]]):
+                kept = child
+                break
+            left[tokens[child]] = 0.0
+        if kept is None:
+            break
+        accepted.append(kept)
+        node = kept
+    if left.sum() <= 0:  # every token of p' was tried and refused: p itself had no mass elsewhere
+        left = probs[node + 1]
+    path = list(accepted)
+    while children.get(path[-1] if path else -1):  # on to a leaf, for per-position counts
+        path.append(children[path[-1] if path else -1][0])
+    n = torch.tensor([len(accepted)], device=draft.tokens.device)
+    next_token = sample_from(left[None], x.generator)
+    return path, Verdict(n, next_token, {"ratio": torch.arange(len(path))[None, :] < len(accepted)})
 
 
 def require_full_attention(cache: DynamicCache) -> None:

@@ -4,8 +4,9 @@
 The tree grows one depth at a time: the nodes of a new depth go through the draft model in one forward
 under a tree mask (each node sees the sequence and its own ancestors), within a node budget. Where a
 verification forward over 24 tokens costs little more than over 1 (a memory-bound device), the
-alternatives buy accepted length almost for free. Greedy decoding only: the target's greedy path
-through the tree is what plain decoding writes.
+alternatives buy accepted length almost for free. Greedy decoding: the target's greedy path through
+the tree is what plain decoding writes. Sampling: the tree is chosen without the target's draws, so
+speculative sampling over it sibling by sibling is exact (:func:`semverify.tree.sample_tree`).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ class ModelTreeDrafter(BaseDrafter):
     Parents are served in the order of their path probability, so the budget goes to the likeliest
     branches; a branch ends at an end-of-sequence token."""
 
-    gives_probs = False  # a greedy proposer: the target checks each path against its own argmax
+    gives_probs = False  # deterministic proposals: the target tests each token against p alone
     per_row_copies = False  # it holds a model cache: batches take ModelDrafter instead
 
     def __init__(self, model: PreTrainedModel, budget: int = 24, branch: int = 2, threshold: float = 0.6,
@@ -48,8 +49,6 @@ class ModelTreeDrafter(BaseDrafter):
 
     @torch.inference_mode()
     def propose(self, input_ids: torch.LongTensor, k: int, sampler: Sampler, generator=None) -> Draft:
-        if sampler is not None and sampler.do_sample:
-            raise NotImplementedError("draft-model trees are verified path by path, exact for greedy decoding only")
         seq = input_ids[0]
         self._keep_accepted(seq)
         out = self.model(input_ids=seq[None, self.fed :], cache=self.cache, use_cache=True, logits_to_keep=1)

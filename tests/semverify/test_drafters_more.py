@@ -39,8 +39,13 @@ def test_a_tree_of_the_target_itself_accepts_whole_paths_and_keeps_its_cache_in_
     assert torch.equal(out, target.generate(ids, do_sample=False, max_new_tokens=30))
     assert stats.accept_lengths[:5] == [4] * 5  # the argmax path is always in the tree, to its full depth
     assert drafter.fed <= out.shape[1]  # the cache rolls back to the accepted path at the next draft
-    with pytest.raises(NotImplementedError, match="greedy decoding only"):
-        drafter.propose(ids, 3, Sampler(do_sample=True), None)
+    # sampled: a node is kept with the target's probability of its token, so at a low temperature a tree of
+    # the target itself still gives long paths
+    g = torch.Generator().manual_seed(0)
+    out, stats = speculative_generate(target, ids, drafter=ModelTreeDrafter(target, budget=30, branch=2, threshold=0.9),
+                                      rule=get_rule("speculative"), num_draft_tokens=4, max_new_tokens=30,
+                                      sampler=Sampler(do_sample=True, temperature=0.05), generator=g)
+    assert out.shape[1] == ids.shape[1] + 30 and stats.tau > 1.5
 
 
 def test_adaptive_draft_length_grows_after_full_accepts_and_shrinks_after_rejections():
@@ -82,5 +87,5 @@ def test_hybrid_drafts_by_lookup_when_the_text_repeats_and_by_the_model_otherwis
 def test_new_methods_are_presets():
     from semverify.registry import get_method
 
-    assert get_method("sd_tree").drafter == "model_tree" and get_method("sd_tree").rule == "greedy"
+    assert get_method("sd_tree").drafter == "model_tree" and get_method("sd_tree").rule == "speculative"
     assert get_method("sd_adaptive").drafter_params == {"adaptive": True} and get_method("hybrid").drafter == "hybrid"

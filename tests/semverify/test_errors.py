@@ -92,10 +92,11 @@ def test_tree_drafts_need_batch_size_one(target):
         generate(target, torch.arange(10).reshape(2, 5), drafter=TreeDrafter(), max_new_tokens=4)
 
 
-def test_tree_draft_is_refused_when_sampling(target):
-    with pytest.raises(NotImplementedError, match="greedy decoding only"):
-        generate(target, IDS, drafter=TreeDrafter(), max_new_tokens=4, do_sample=True)
-    generate(target, IDS, drafter=TreeDrafter(), max_new_tokens=4)  # greedy: verified path by path
+def test_sampled_trees_need_a_rule_that_samples_trees(target):
+    with pytest.raises(NotImplementedError, match="rule 'typical' judges tree drafts path by path.*speculative"):
+        generate(target, IDS, drafter=TreeDrafter(), rule="typical", max_new_tokens=4, do_sample=True)
+    generate(target, IDS, drafter=TreeDrafter(), max_new_tokens=4, do_sample=True)  # speculative: sibling by sibling
+    generate(target, IDS, drafter=TreeDrafter(), rule="typical", max_new_tokens=4)  # greedy: path by path
 
 
 def test_tree_deeper_than_k_is_refused(target):
