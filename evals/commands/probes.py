@@ -44,9 +44,12 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    draw_path = Path(args.work) / "draw.json"  # how the samples were drawn, for the probes' metadata
     if args.train_only:
         settings = labelling.drawn_settings(args.work)
+        draw = json.loads(draw_path.read_text()) if draw_path.is_file() else {"dtype": None, "problems": None}
     else:
+        draw = {"dtype": args.dtype, "problems": args.problems}
         settings = labelling.LabelSettings(samples=args.samples, temperature=args.temperature,
                                            max_step_tokens=args.max_step_tokens, per_answer=args.per_answer)
         bench = get_benchmark("gsm8k")
@@ -54,6 +57,8 @@ def run(args: argparse.Namespace) -> int:
         target, tokenizer = load_model(args.target, dtype=args.dtype)
         draft, _ = load_model(args.draft, dtype=args.dtype)
         prompts = [bench.prompt(tokenizer, p) for p in problems]
+        draw_path.parent.mkdir(parents=True, exist_ok=True)
+        draw_path.write_text(json.dumps(draw))
         labelling.collect(target, draft, tokenizer, prompts, args.work, settings, args.answer_batch, args.group)
     if args.sample_only:
         return 0
@@ -61,8 +66,7 @@ def run(args: argparse.Namespace) -> int:
     data = training.label_samples(args.work, judge)
     draft_probe, target_probe, report = training.train_pair(data, args.draft, args.target)
     report["cross_validated"] = training.cross_validate(data, args.folds) if args.folds else None
-    meta = {"judge": judge.__name__, "settings": asdict(settings), "dtype": args.dtype, "problems": args.problems,
-            "command": args.command_line}
+    meta = {"judge": judge.__name__, "settings": asdict(settings), **draw, "command": args.command_line}
     out = (Path(args.out_dir) if args.out_dir else cache_root() / "probes") / pair_key(args.draft, args.target)
     paths = {}
     for probe in (draft_probe, target_probe):

@@ -160,3 +160,4 @@ def test_probes_command_trains_a_pair_the_rule_accepts(tmp_path, tiny_checkpoint
                  "--folds", "2", "--work", str(tmp_path / "work"), "--out-dir", str(out)]) == 0
     again = json.loads((tmp_path / "work" / "probe_report.json").read_text())
     assert again["settings"] == report["settings"] and again["pair"] == report["pair"]  # same data, same pair
+    assert again["dtype"] == "float32" and again["problems"] == 4  # how the samples were drawn, not the defaults
