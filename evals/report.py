@@ -72,7 +72,7 @@ def summarise(run_dir: str | Path, reference: str = "vanilla", grader: str | Non
         speedup_total = _throughput([by[(i, m.name)] for i in timed]) / reference_throughput if timed else 0.0
         entry = {
             "lossless": _lossless(m, context), "problems": len(rs),
-            "accuracy": {g: _accuracy([r["grades"][g] for r in rs]) for g in bench.graders},
+            "accuracy": {g: accuracy([r["grades"][g] for r in rs]) for g in bench.graders},
             "by_group": {key: _by_group(rs, key, grader) for key in bench.groups},
             "tau": sum(r["new_tokens"] for r in rs) / steps if steps else 0.0,
             "alpha": sum(r["accepted"] for r in rs) / drafted if drafted else None,
@@ -105,7 +105,7 @@ def summarise(run_dir: str | Path, reference: str = "vanilla", grader: str | Non
 def _by_group(rows: list[dict], key: str, grader: str) -> dict[str, dict]:
     """Accuracy per value of a problem's ``meta[key]`` (MATH-500's subject or level)."""
     values = sorted({str(r.get("meta", {}).get(key)) for r in rows})
-    return {v: _accuracy([r["grades"][grader] for r in rows if str(r.get("meta", {}).get(key)) == v]) for v in values}
+    return {v: accuracy([r["grades"][grader] for r in rows if str(r.get("meta", {}).get(key)) == v]) for v in values}
 
 
 def _throughput(rows: list[dict]) -> float:
@@ -125,7 +125,7 @@ def _lossless(method: Method, context: RunContext) -> bool | None:
         return None
 
 
-def _accuracy(grades: list[bool]) -> dict:
+def accuracy(grades: list[bool]) -> dict:
     k, n = sum(grades), len(grades)
     lo, hi = wilson(k, n)
     return {"correct": k, "n": n, "acc": k / n if n else 0.0, "ci95": [lo, hi]}
@@ -205,7 +205,7 @@ def markdown(summary: dict) -> str:
         "|---" * (7 + len(summary["graders"]) + len(summary["paired"])) + "|",
     ]
     for name, m in summary["methods"].items():
-        accs = [_fmt_acc(m["accuracy"][g]) for g in summary["graders"]]
+        accs = [format_accuracy(m["accuracy"][g]) for g in summary["graders"]]
         alpha = f"{m['alpha']:.2f}" if m["alpha"] is not None else "-"
         ps = [f"{m['paired'][o]['p_value']:.3f}" if o in m["paired"] else "-" for o in summary["paired"]]
         lossless = {True: "yes", False: "no", None: "?"}[m["lossless"]]
@@ -272,7 +272,7 @@ def _rule_events(summary: dict) -> list[str]:
     return ["", "Rule events:", "", *lines] if lines else []
 
 
-def _fmt_acc(a: dict) -> str:
+def format_accuracy(a: dict) -> str:
     return f"{100 * a['acc']:.1f} [{100 * a['ci95'][0]:.1f}, {100 * a['ci95'][1]:.1f}]"
 
 

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from evals.grading import CODE_GRADERS, GRADERS, MATH_GRADERS
 from evals.report import report
+from evals.rerun import against, against_markdown
 from semverify.commands import Command
 
 
@@ -17,9 +19,17 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--grader", default=None, choices=sorted(set(GRADERS) | set(MATH_GRADERS) | set(CODE_GRADERS)),
                    help="the grade the paired tests and plots use (each benchmark has its own set; default "
                         "math_verify for GSM8K and MATH-500, pass@1 for HumanEval)")
+    p.add_argument("--against", default=None, metavar="OTHER_RUN",
+                   help="instead: each method both runs hold, side by side on the problems both finished (a rerun "
+                        "with another batch size, dtype or machine); written to RUN_DIR/against-<other>.md")
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.against:
+        text = against_markdown(against(args.run_dir, args.against, args.grader))
+        (Path(args.run_dir) / f"against-{Path(args.against).resolve().name}.md").write_text(text)
+        print(text)
+        return 0
     paired = [m.strip() for m in args.paired.split(",") if m.strip()] if args.paired else None
     print(report(args.run_dir, args.reference, args.grader, paired))
     return 0
