@@ -126,6 +126,7 @@ def _lossless(method: Method, context: RunContext) -> bool | None:
 
 
 def accuracy(grades: list[bool]) -> dict:
+    """Share correct with its 95% Wilson interval."""
     k, n = sum(grades), len(grades)
     lo, hi = wilson(k, n)
     return {"correct": k, "n": n, "acc": k / n if n else 0.0, "ci95": [lo, hi]}
@@ -273,6 +274,7 @@ def _rule_events(summary: dict) -> list[str]:
 
 
 def format_accuracy(a: dict) -> str:
+    """Percent correct with its interval, as the tables print it."""
     return f"{100 * a['acc']:.1f} [{100 * a['ci95'][0]:.1f}, {100 * a['ci95'][1]:.1f}]"
 
 

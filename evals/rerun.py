@@ -23,7 +23,8 @@ def against(run_dir: str | Path, other_dir: str | Path, grader: str | None = Non
     bench = get_benchmark(settings[0]["benchmark"])
     grader = grader or bench.main_grader
     rows = [{(r["id"], r["method"]): r for r in read_rows(d)} for d in (run_dir, other_dir)]
-    methods = [m for m in dict.fromkeys(name for _, name in rows[0]) if any(name == m for _, name in rows[1])]
+    theirs_names = {name for _, name in rows[1]}
+    methods = [m for m in dict.fromkeys(name for _, name in rows[0]) if m in theirs_names]
     if not methods:
         raise ValueError(f"{run_dir} and {other_dir} have no method in common")
     differ = {k: [settings[0].get(k), settings[1].get(k)] for k in sorted(set(settings[0]) | set(settings[1]))
@@ -51,7 +52,7 @@ def against_markdown(summary: dict) -> str:
              "", f"| method | problems | {a} | {b} | only here | only there | p | identical outputs |",
              "|---|---|---|---|---|---|---|---|"]
     for name, m in summary["methods"].items():
-        here, there = (format_accuracy(a) for a in m["accuracy"])
+        here, there = (format_accuracy(acc) for acc in m["accuracy"])
         lines.append(f"| {name} | {m['problems']} | {here} | {there} | {m['only_method']} | "
                      f"{m['only_reference']} | {m['p_value']:.3f} | {m['identical']}/{m['problems']} |")
     return "\n".join(lines) + "\n"
