@@ -88,12 +88,22 @@ def summarise(rows: list[dict], methods: list[str]) -> dict:
             "time_shares": _shares([r["stats"] for r in rs if r.get("stats")]),
             "step_cost": _step_cost([r["stats"] for r in rs if r.get("stats")], [by[(i, "target")] for i in ids]),
         }
-    for ours, theirs in (("semverify_sd", "hf_assisted"), ("semverify_sd_q8", "hf_assisted_q8"),
-                         ("semverify_pld", "hf_pld")):
-        if ours in out and theirs in out:
+    for ours in out:
+        theirs = transformers_counterpart(ours)
+        if theirs in out:
             out[ours][f"speedup_vs_{theirs}_median"] = statistics.median(
                 by[(i, ours)]["tok_s"] / by[(i, theirs)]["tok_s"] for i in ids)
     return out
+
+
+def transformers_counterpart(method: str) -> str | None:
+    """The transformers method a semverify method is compared with: prompt lookup with prompt lookup,
+    every draft-model method with assisted generation on the same (plain or int8) draft."""
+    if not method.startswith("semverify_"):
+        return None
+    if method == "semverify_pld":
+        return "hf_pld"
+    return "hf_assisted_q8" if method.endswith("_q8") else "hf_assisted"
 
 
 def _shares(stats: list[dict]) -> dict[str, float] | None:

@@ -33,3 +33,18 @@ def test_step_cost_is_the_arithmetic_of_the_speedup():
     s = summarise(target + sd, ["target", "semverify_sd"])["semverify_sd"]
     assert s["step_cost"] == {"draft": 2.0, "verify": 4.0, "other": 0.2}  # the target takes 0.5 s a token
     assert abs(s["tau"] / sum(s["step_cost"].values()) - s["speedup_vs_target_median"]) < 1e-9
+
+
+def test_each_semverify_method_is_compared_with_transformers_on_the_same_draft():
+    from evals.speed import METHODS, summarise, transformers_counterpart
+
+    assert transformers_counterpart("semverify_tree_q8") == "hf_assisted_q8"
+    assert transformers_counterpart("semverify_hybrid") == "hf_assisted"
+    assert transformers_counterpart("semverify_pld") == "hf_pld"
+    assert transformers_counterpart("hf_assisted") is None and transformers_counterpart("target") is None
+    assert all(transformers_counterpart(m) in METHODS for m in METHODS if m.startswith("semverify_"))
+    rows = [{"id": 0, "method": m, "tok_s": tok_s, "wall_s": 1.0, "new_tokens": 1, "tokens": [1], "stats": None}
+            for m, tok_s in (("target", 1.0), ("hf_assisted_q8", 2.0), ("semverify_tree_q8", 3.0))]
+    s = summarise(rows, ["target", "hf_assisted_q8", "semverify_tree_q8"])
+    assert s["semverify_tree_q8"]["speedup_vs_hf_assisted_q8_median"] == 1.5
+    assert not any(k.startswith("speedup_vs_hf") for k in s["hf_assisted_q8"])
