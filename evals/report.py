@@ -68,6 +68,9 @@ def summarise(run_dir: str | Path, reference: str = "vanilla", grader: str | Non
         timed = [i for i in ids if by[(i, m.name)].get("machine") is not None
                  and by[(i, m.name)].get("machine") == by[(i, reference)].get("machine")]
         ratios = [by[(i, m.name)]["tok_s"] / by[(i, reference)]["tok_s"] for i in timed]
+        per_machine: dict[str, list[float]] = {}
+        for i, ratio in zip(timed, ratios):
+            per_machine.setdefault(by[(i, reference)]["machine"], []).append(ratio)
         reference_throughput = _throughput([by[(i, reference)] for i in timed])
         speedup_total = _throughput([by[(i, m.name)] for i in timed]) / reference_throughput if timed else 0.0
         entry = {
@@ -81,6 +84,8 @@ def summarise(run_dir: str | Path, reference: str = "vanilla", grader: str | Non
             "speedup_total": speedup_total,
             "speedup": speedup_total if batched else (statistics.median(ratios) if ratios else 0.0),
             "speedup_problems": len(timed),
+            "speedup_by_machine": {name: {"median": statistics.median(r), "problems": len(r)}
+                                   for name, r in per_machine.items()},
             "wall_s": sum(r["total_time"] for r in rs),
             "acceptance_by_position": _by_position(rs),
             "reasons": _sum_reasons(rs),
@@ -216,8 +221,25 @@ def markdown(summary: dict) -> str:
     partial = [f"- speedup of `{name}` over {m['speedup_problems']} of {summary['problems']} problems: on the "
                f"others its row and `{summary['reference']}`'s ran on different machines"
                for name, m in summary["methods"].items() if m["speedup_problems"] < summary["problems"]]
-    return "\n".join(lines + ([""] + partial if partial else []) + _identical(summary) + _groups(summary)
-                     + _rule_events(summary)) + "\n"
+    return "\n".join(lines + ([""] + partial if partial else []) + _by_machine(summary) + _identical(summary)
+                     + _groups(summary) + _rule_events(summary)) + "\n"
+
+
+def _by_machine(summary: dict) -> list[str]:
+    """Each method's median speedup on each machine, when the run's rows were timed on several: machines of
+    one name can differ several-fold in what a wide forward costs, so the pooled median hides which is which."""
+    if summary.get("batched"):
+        return []
+    machines = list(dict.fromkeys(name for m in summary["methods"].values() for name in m["speedup_by_machine"]))
+    if len(machines) < 2:
+        return []
+    lines = ["", f"Speedup vs `{summary['reference']}` by machine (median per-problem ratio, problems):", "",
+             "| method | " + " | ".join(machines) + " |", "|---" * (len(machines) + 1) + "|"]
+    for name, m in summary["methods"].items():
+        cells = [f"{m['speedup_by_machine'][c]['median']:.2f}x ({m['speedup_by_machine'][c]['problems']})"
+                 if c in m["speedup_by_machine"] else "-" for c in machines]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def _groups(summary: dict) -> list[str]:

@@ -238,24 +238,30 @@ def test_draft_alone_decodes_with_the_draft_model(tiny_checkpoint, tmp_path):
         Method("x", "none", decoder="both")
 
 
-def test_speedups_compare_rows_of_one_machine_only(tmp_path):
-    def row(i, method, tok_s, machine):
-        return {"id": i, "method": method, "output": "x", "grades": {"strict": False, "flexible": True,
-                "math_verify": True}, "new_tokens": 10, "steps": 10, "drafted": 0, "accepted": 0,
-                "drafted_per_position": [], "accepted_per_position": [], "reasons": {}, "scores": {},
-                "total_time": 1.0, "tok_s": tok_s, "machine": machine}
+def _row(i, method, tok_s, machine):
+    return {"id": i, "method": method, "output": "x", "grades": {"strict": False, "flexible": True,
+            "math_verify": True}, "new_tokens": 10, "steps": 10, "drafted": 0, "accepted": 0,
+            "drafted_per_position": [], "accepted_per_position": [], "reasons": {}, "scores": {},
+            "total_time": 1.0, "tok_s": tok_s, "machine": machine}
 
+
+def _run_resumed_on_a_second_machine(run_dir):
+    """A run of vanilla and draft_alone started on "slow cpu" and resumed on "fast cpu"; returns its row writer."""
     env = {"cpu": "slow cpu", "torch_threads": 2, "date": "d"}
     settings = {"target": "t", "draft": "d", "dtype": "float32", "benchmark": "gsm8k", "data": "sample",
                 "template": "chat", "max_new_tokens": 8, "do_sample": False, "temperature": 1.0, "top_k": None,
                 "top_p": None, "seed": 0}
-    (tmp_path / "run.json").write_text(json.dumps({
+    (run_dir / "run.json").write_text(json.dumps({
         "settings": settings, "environment": env, "resumed": [{**env, "cpu": "fast cpu"}],
         "methods": [get_method("vanilla").to_dict(), get_method("draft_alone").to_dict()]}))
-    writer = RowWriter(tmp_path / "rows.rank0.jsonl")
+    return RowWriter(run_dir / "rows.rank0.jsonl")
+
+
+def test_speedups_compare_rows_of_one_machine_only(tmp_path):
+    writer = _run_resumed_on_a_second_machine(tmp_path)
     for i in range(3):  # problem 2's draft_alone row was written after a resume on a faster machine
-        writer.write(row(i, "vanilla", 4.0, "slow cpu"))
-        writer.write(row(i, "draft_alone", 40.0 if i == 2 else 8.0, "fast cpu" if i == 2 else "slow cpu"))
+        writer.write(_row(i, "vanilla", 4.0, "slow cpu"))
+        writer.write(_row(i, "draft_alone", 40.0 if i == 2 else 8.0, "fast cpu" if i == 2 else "slow cpu"))
     writer.close()
     summary = summarise(tmp_path)
     alone = summary["methods"]["draft_alone"]
@@ -263,6 +269,21 @@ def test_speedups_compare_rows_of_one_machine_only(tmp_path):
     text = report(tmp_path)
     assert "machine: slow cpu (resumed on fast cpu)" in text
     assert "speedup of `draft_alone` over 2 of 3 problems" in text and "speedup of `vanilla`" not in text
+    assert alone["speedup_by_machine"] == {"slow cpu": {"median": 2.0, "problems": 2}}
+    assert "by machine" not in text  # every timed pair ran on one machine
+
+
+def test_speedups_are_also_given_per_machine_when_a_run_spans_machines(tmp_path):
+    writer = _run_resumed_on_a_second_machine(tmp_path)
+    for i, (cpu, ratio) in enumerate([("slow cpu", 1.0), ("slow cpu", 1.5), ("fast cpu", 3.0)]):
+        writer.write(_row(i, "vanilla", 4.0, cpu))
+        writer.write(_row(i, "draft_alone", 4.0 * ratio, cpu))
+    writer.close()
+    alone = summarise(tmp_path)["methods"]["draft_alone"]
+    assert alone["speedup_by_machine"] == {"slow cpu": {"median": 1.25, "problems": 2},
+                                           "fast cpu": {"median": 3.0, "problems": 1}}
+    text = report(tmp_path)
+    assert "| method | slow cpu | fast cpu |" in text and "| draft_alone | 1.25x (2) | 3.00x (1) |" in text
 
 
 def test_a_batched_run_writes_the_rows_of_the_unbatched_one(tiny_checkpoint, tmp_path):
