@@ -49,17 +49,20 @@ def make_semanticspec(context: RunContext, draft_probe: str | SemanticProbe | No
     return SemanticStepRule(load(draft_probe), load(target_probe), r_min=r_min, **veto)
 
 
-def _step_drafter(resources: DraftResources, k: int) -> StepDrafter:
+def _step_drafter(resources: DraftResources, k: int, int8: bool = False) -> StepDrafter:
     if resources.tokenizer is None:
         raise ValueError("steps end at text breaks: the step drafter needs the tokenizer (tokenizer= in generate())")
-    return StepDrafter(resources.draft_model, StepSegmenter(resources.tokenizer, max_step_tokens=k),
-                       eos_token_id=resources.eos_token_id)
+    return StepDrafter(resources.draft_model_int8 if int8 else resources.draft_model,
+                       StepSegmenter(resources.tokenizer, max_step_tokens=k), eos_token_id=resources.eos_token_id)
 
 
 register_rule("semanticspec", make_semanticspec, contextual=True)
 register_rule("step_likelihood", StepLikelihood)
 register_rule("specreason", lambda context, **params: SpecReason(context.tokenizer, **params), contextual=True)
 register_drafter(DrafterKind("step", _step_drafter, needs=("draft_model",), default_k=128, batches=False))
+# the same steps written by the int8 draft: where drafting, not verification, bounds a step rule's speed
+register_drafter(DrafterKind("step_int8", lambda resources, k: _step_drafter(resources, k, int8=True),
+                             needs=("draft_model_int8",), default_k=128, batches=False))
 # whole steps of up to k tokens; probes found by the models' names
 register_method(Method("semanticspec", "step", "semanticspec", {"r_min": 0.5}, k=128))
 register_method(Method("step_likelihood", "step", "step_likelihood", {"min_mean_logprob": -0.5}, k=128))

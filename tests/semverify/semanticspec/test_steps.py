@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from semverify import get_rule, speculative_generate
+from semverify.registry import DraftResources, make_drafter
 from semverify.semanticspec import SemanticProbe, SpecReason, StepDrafter, StepLikelihood, StepSegmenter, token_veto
 from semverify.semanticspec.baselines import digit_ids, judge_suffix
 from semverify.semanticspec.steps import StepRule
@@ -146,3 +147,13 @@ def test_rejecting_every_step_is_target_decoding(name, seed):
     out, stats = speculative_generate(target, ids, drafter=drafter, rule=rule, num_draft_tokens=6, max_new_tokens=40)
     assert torch.equal(out, expected)
     assert stats.reasons["step_rejected"] > 0 and stats.reasons["step"] == 0
+
+
+def test_step_int8_writes_steps_with_the_int8_draft_model():
+    plain, int8 = tiny_model(1, arch="llama", vocab=len(TOK)), tiny_model(2, arch="llama", vocab=len(TOK))
+    both = DraftResources(draft_model=plain, draft_model_int8=int8, tokenizer=TOK)
+    drafter = make_drafter("step_int8", both, 6)
+    assert isinstance(drafter, StepDrafter) and drafter.model is int8 and drafter.segmenter.max_step_tokens == 6
+    assert make_drafter("step", both, 6).model is plain
+    with pytest.raises(ValueError, match="int8 draft model"):
+        make_drafter("step_int8", DraftResources(draft_model=plain, tokenizer=TOK), 6)
