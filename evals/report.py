@@ -68,9 +68,9 @@ def summarise(run_dir: str | Path, reference: str = "vanilla", grader: str | Non
         timed = [i for i in ids if by[(i, m.name)].get("machine") is not None
                  and by[(i, m.name)].get("machine") == by[(i, reference)].get("machine")]
         ratios = [by[(i, m.name)]["tok_s"] / by[(i, reference)]["tok_s"] for i in timed]
-        per_machine: dict[str, list[float]] = {}
-        for i, ratio in zip(timed, ratios):
-            per_machine.setdefault(by[(i, reference)]["machine"], []).append(ratio)
+        per_machine: dict[str, list[int]] = {}
+        for i in timed:
+            per_machine.setdefault(by[(i, reference)]["machine"], []).append(i)
         reference_throughput = _throughput([by[(i, reference)] for i in timed])
         speedup_total = _throughput([by[(i, m.name)] for i in timed]) / reference_throughput if timed else 0.0
         entry = {
@@ -84,8 +84,9 @@ def summarise(run_dir: str | Path, reference: str = "vanilla", grader: str | Non
             "speedup_total": speedup_total,
             "speedup": speedup_total if batched else (statistics.median(ratios) if ratios else 0.0),
             "speedup_problems": len(timed),
-            "speedup_by_machine": {name: {"median": statistics.median(r), "problems": len(r)}
-                                   for name, r in per_machine.items()},
+            "speedup_by_machine": {name: machine_timing([by[(i, m.name)] for i in on],
+                                                         [by[(i, reference)] for i in on])
+                                   for name, on in per_machine.items()},
             "wall_s": sum(r["total_time"] for r in rs),
             "acceptance_by_position": _by_position(rs),
             "reasons": _sum_reasons(rs),
@@ -104,6 +105,25 @@ def summarise(run_dir: str | Path, reference: str = "vanilla", grader: str | Non
                     "identical": sum(t["output"] == r["output"] for t, r in zip(theirs, rs)),
                 }
         out["methods"][m.name] = entry
+    return out
+
+
+def machine_timing(rows: list[dict], reference_rows: list[dict]) -> dict:
+    """A method's timing on one machine: the median per-problem speedup, and the arithmetic behind it: a
+    step's draft, verification and other time, and one drafted token's, in units of the reference's time
+    per token on the same problem (so tau / the step's cost is about the pooled speedup)."""
+    out = {"median": statistics.median(r["tok_s"] / ref["tok_s"] for r, ref in zip(rows, reference_rows)),
+           "problems": len(rows)}
+    steps, drafted = sum(r["steps"] for r in rows), sum(r["drafted"] for r in rows)
+    if not steps or not all("draft_time" in r and "verify_time" in r for r in rows):
+        return out
+    units = [ref["total_time"] / max(ref["new_tokens"], 1) for ref in reference_rows]
+    draft = sum(r["draft_time"] / u for r, u in zip(rows, units))
+    verify = sum(r["verify_time"] / u for r, u in zip(rows, units))
+    other = sum((r["total_time"] - r["draft_time"] - r["verify_time"]) / u for r, u in zip(rows, units))
+    out["step_cost"] = {"draft": draft / steps, "verify": verify / steps, "other": other / steps}
+    out["draft_per_token"] = draft / drafted if drafted else None
+    out["tau"] = sum(r["new_tokens"] for r in rows) / steps
     return out
 
 
@@ -221,8 +241,31 @@ def markdown(summary: dict) -> str:
     partial = [f"- speedup of `{name}` over {m['speedup_problems']} of {summary['problems']} problems: on the "
                f"others its row and `{summary['reference']}`'s ran on different machines"
                for name, m in summary["methods"].items() if m["speedup_problems"] < summary["problems"]]
-    return "\n".join(lines + ([""] + partial if partial else []) + _by_machine(summary) + _identical(summary)
-                     + _groups(summary) + _rule_events(summary)) + "\n"
+    return "\n".join(lines + ([""] + partial if partial else []) + _by_machine(summary) + _time_per_step(summary)
+                     + _identical(summary) + _groups(summary) + _rule_events(summary)) + "\n"
+
+
+def _time_per_step(summary: dict) -> list[str]:
+    """Where each drafting method's time goes, per machine: a step's cost in the reference's time per token,
+    so that tau / that cost explains the speedup (or its absence) on the machine that ran it."""
+    if summary.get("batched"):
+        return []
+    lines = []
+    for name, m in summary["methods"].items():
+        for machine, t in m["speedup_by_machine"].items():
+            if not t.get("draft_per_token"):
+                continue
+            cost = t["step_cost"]
+            total = sum(cost.values())
+            lines.append(f"| {name} | {machine} | {t['problems']} | {t['tau']:.2f} | {t['draft_per_token']:.2f} | "
+                         f"{cost['draft']:.2f}+{cost['verify']:.2f}+{cost['other']:.2f} | {t['tau'] / total:.2f}x |")
+    if not lines:
+        return []
+    return ["", f"Time per step in units of `{summary['reference']}`'s time per token on the same problem (tau / step "
+            "cost is about the pooled speedup; with a verification costing at least one token's time, 1 / one draft "
+            "token bounds the speedup of any method drafting at that cost, however many of its drafts are accepted):",
+            "", "| method | machine | problems | tau | one draft token | step cost draft+verify+other | tau / cost |",
+            "|---|---|---|---|---|---|---|", *lines]
 
 
 def _by_machine(summary: dict) -> list[str]:

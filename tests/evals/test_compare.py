@@ -11,7 +11,7 @@ import time
 import pytest
 
 from evals.env import machine
-from evals.report import mcnemar, report, summarise, wilson
+from evals.report import machine_timing, mcnemar, report, summarise, wilson
 from evals.rows import RowWriter, read_rows
 from semverify.cli import main
 from semverify.registry import Method, get_method, load_methods, parse_method
@@ -301,3 +301,18 @@ def test_a_batched_run_writes_the_rows_of_the_unbatched_one(tiny_checkpoint, tmp
     with pytest.raises(SystemExit, match="step_likelihood draft for one sequence at a time"):
         main(compare_args(tiny_checkpoint, tmp_path / "steps", extra=["--batch-size", "2", "--methods",
                                                                        "step_likelihood"]))
+
+
+def test_time_per_step_in_units_of_the_reference_token_time():
+    reference = [{"total_time": 10.0, "new_tokens": 10, "tok_s": 1.0},
+                 {"total_time": 40.0, "new_tokens": 20, "tok_s": 0.5}]
+    method = [{"steps": 2, "drafted": 8, "new_tokens": 10, "draft_time": 4.0, "verify_time": 2.0, "total_time": 7.0,
+               "tok_s": 10 / 7.0},  # in the first problem's units (1 s a token): 4 + 2 + 1 over 2 steps
+              {"steps": 2, "drafted": 8, "new_tokens": 10, "draft_time": 8.0, "verify_time": 4.0, "total_time": 14.0,
+               "tok_s": 10 / 14.0}]  # the same in the second's (2 s a token)
+    timing = machine_timing(method, reference)
+    assert timing["step_cost"] == {"draft": 2.0, "verify": 1.0, "other": 0.5}
+    assert timing["draft_per_token"] == 0.5 and timing["tau"] == 5.0 and timing["problems"] == 2
+    assert timing["median"] == pytest.approx(10 / 7)
+    assert "step_cost" not in machine_timing([{k: v for k, v in r.items() if k != "draft_time"} for r in method],
+                                             reference)  # rows written before timings were split
