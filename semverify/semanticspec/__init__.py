@@ -67,6 +67,8 @@ register_drafter(DrafterKind("step_int8", lambda resources, k: _step_drafter(res
 register_method(Method("semanticspec", "step", "semanticspec", {"r_min": 0.5}, k=128))
 register_method(Method("step_likelihood", "step", "step_likelihood", {"min_mean_logprob": -0.5}, k=128))
 register_method(Method("specreason", "step", "specreason", {"threshold": 7.0}, k=128))
+# SemanticSpec with its steps written by the int8 draft (where drafting bounds a step rule's speed)
+register_method(Method("semanticspec_int8", "step_int8", "semanticspec", {"r_min": 0.5}, k=128))
 
 __all__ = ["DEFAULT_STOPS", "ProbeError", "SemanticProbe", "SemanticStepRule", "SpecReason", "StepDrafter",
            "StepLikelihood", "StepRule", "StepSegmenter", "find_probes", "make_semanticspec", "pair_key", "token_veto"]
