@@ -334,7 +334,7 @@ def _rule_events(summary: dict) -> list[str]:
                 continue
             lines.append(f"- `{name}` {score} over {q['n']} steps: min {q['min']:.3g}, p10 {q['p10']:.3g}, "
                          f"median {q['median']:.3g}, p90 {q['p90']:.3g}, max {q['max']:.3g}"
-                         + (f"; {100 * q['share_below_1']:.1f}% below 1" if q["max"] >= 1 else ""))
+                         + (f"; {100 * q['share_below_1']:.1f}% below 1" if score.endswith("ratio") else ""))
     return ["", "Rule events:", "", *lines] if lines else []
 
 

@@ -131,6 +131,9 @@ def test_per_step_scores_are_summarised_by_quantiles():
     flags = _score_summary([{"scores": {"step_accepted": [1.0, 0.0, 1.0]}}, {"scores": {"step_accepted": [1.0]}}])
     line = _rule_events({"methods": {"ss": {"reasons": {}, "scores": flags}}})[-1]
     assert line == "- `ss` step_accepted: 3 of 4 steps (75.0%)"
+    judged = _score_summary([{"scores": {"judge_score": [5.5, 6.5]}}])
+    line = _rule_events({"methods": {"sr": {"reasons": {}, "scores": judged}}})[-1]
+    assert line.endswith("max 6.5")  # a share below 1 means something for ratios only
 
 
 def test_compare_report_and_resume_after_kill(tiny_checkpoint, tmp_path):
