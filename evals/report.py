@@ -111,7 +111,8 @@ def summarise(run_dir: str | Path, reference: str = "vanilla", grader: str | Non
 def machine_timing(rows: list[dict], reference_rows: list[dict]) -> dict:
     """A method's timing on one machine: the median per-problem speedup, and the arithmetic behind it: a
     step's draft, verification and other time, and one drafted token's, in units of the reference's time
-    per token on the same problem (so tau / the step's cost is about the pooled speedup)."""
+    per token on the same problem (so tau / the step's cost is about the pooled speedup), and the part of the
+    draft time spent on tokens that were not kept: the most a rule that rejects before drafting could save."""
     out = {"median": statistics.median(r["tok_s"] / ref["tok_s"] for r, ref in zip(rows, reference_rows)),
            "problems": len(rows)}
     steps, drafted = sum(r["steps"] for r in rows), sum(r["drafted"] for r in rows)
@@ -123,6 +124,7 @@ def machine_timing(rows: list[dict], reference_rows: list[dict]) -> dict:
     other = sum((r["total_time"] - r["draft_time"] - r["verify_time"]) / u for r, u in zip(rows, units))
     out["step_cost"] = {"draft": draft / steps, "verify": verify / steps, "other": other / steps}
     out["draft_per_token"] = draft / drafted if drafted else None
+    out["unkept_draft"] = draft * (drafted - sum(r["accepted"] for r in rows)) / drafted / steps if drafted else 0.0
     out["tau"] = sum(r["new_tokens"] for r in rows) / steps
     return out
 
@@ -258,14 +260,18 @@ def _time_per_step(summary: dict) -> list[str]:
             cost = t["step_cost"]
             total = sum(cost.values())
             lines.append(f"| {name} | {machine} | {t['problems']} | {t['tau']:.2f} | {t['draft_per_token']:.2f} | "
-                         f"{cost['draft']:.2f}+{cost['verify']:.2f}+{cost['other']:.2f} | {t['tau'] / total:.2f}x |")
+                         f"{cost['draft']:.2f}+{cost['verify']:.2f}+{cost['other']:.2f} | {t['tau'] / total:.2f}x | "
+                         f"{t['unkept_draft']:.2f} | {t['tau'] / (total - t['unkept_draft']):.2f}x |")
     if not lines:
         return []
     return ["", f"Time per step in units of `{summary['reference']}`'s time per token on the same problem (tau / step "
             "cost is about the pooled speedup; with a verification costing at least one token's time, 1 / one draft "
-            "token bounds the speedup of any method drafting at that cost, however many of its drafts are accepted):",
-            "", "| method | machine | problems | tau | one draft token | step cost draft+verify+other | tau / cost |",
-            "|---|---|---|---|---|---|---|", *lines]
+            "token bounds the speedup of any method drafting at that cost, however many of its drafts are accepted; "
+            "the draft time of tokens not kept, and tau / the cost without it, bound what a rule could gain by "
+            "rejecting a draft before it is written, e.g. a step at its first vetoed token):",
+            "", "| method | machine | problems | tau | one draft token | step cost draft+verify+other | tau / cost "
+            "| drafts not kept | tau / cost without them |",
+            "|---|---|---|---|---|---|---|---|---|", *lines]
 
 
 def _by_machine(summary: dict) -> list[str]:

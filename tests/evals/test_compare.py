@@ -309,13 +309,14 @@ def test_a_batched_run_writes_the_rows_of_the_unbatched_one(tiny_checkpoint, tmp
 def test_time_per_step_in_units_of_the_reference_token_time():
     reference = [{"total_time": 10.0, "new_tokens": 10, "tok_s": 1.0},
                  {"total_time": 40.0, "new_tokens": 20, "tok_s": 0.5}]
-    method = [{"steps": 2, "drafted": 8, "new_tokens": 10, "draft_time": 4.0, "verify_time": 2.0, "total_time": 7.0,
-               "tok_s": 10 / 7.0},  # in the first problem's units (1 s a token): 4 + 2 + 1 over 2 steps
-              {"steps": 2, "drafted": 8, "new_tokens": 10, "draft_time": 8.0, "verify_time": 4.0, "total_time": 14.0,
-               "tok_s": 10 / 14.0}]  # the same in the second's (2 s a token)
+    method = [{"steps": 2, "drafted": 8, "accepted": 6, "new_tokens": 10, "draft_time": 4.0, "verify_time": 2.0,
+               "total_time": 7.0, "tok_s": 10 / 7.0},  # in problem 1's units (1 s a token): 4 + 2 + 1 over 2 steps
+              {"steps": 2, "drafted": 8, "accepted": 6, "new_tokens": 10, "draft_time": 8.0, "verify_time": 4.0,
+               "total_time": 14.0, "tok_s": 10 / 14.0}]  # the same in the second's (2 s a token)
     timing = machine_timing(method, reference)
     assert timing["step_cost"] == {"draft": 2.0, "verify": 1.0, "other": 0.5}
     assert timing["draft_per_token"] == 0.5 and timing["tau"] == 5.0 and timing["problems"] == 2
+    assert timing["unkept_draft"] == 0.5  # 4 of 16 drafted tokens not kept, at 0.5 a token, over 4 steps
     assert timing["median"] == pytest.approx(10 / 7)
     assert "step_cost" not in machine_timing([{k: v for k, v in r.items() if k != "draft_time"} for r in method],
                                              reference)  # rows written before timings were split
