@@ -124,7 +124,8 @@ def machine_timing(rows: list[dict], reference_rows: list[dict]) -> dict:
     other = sum((r["total_time"] - r["draft_time"] - r["verify_time"]) / u for r, u in zip(rows, units))
     out["step_cost"] = {"draft": draft / steps, "verify": verify / steps, "other": other / steps}
     out["draft_per_token"] = draft / drafted if drafted else None
-    out["unkept_draft"] = draft * (drafted - sum(r["accepted"] for r in rows)) / drafted / steps if drafted else 0.0
+    unkept = drafted - sum(r["accepted"] for r in rows)
+    out["unkept_draft"] = out["draft_per_token"] * unkept / steps if drafted else 0.0
     out["tau"] = sum(r["new_tokens"] for r in rows) / steps
     return out
 
