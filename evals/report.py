@@ -37,10 +37,10 @@ def mcnemar(a: list[bool], b: list[bool]) -> dict:
 
 
 def summarise(run_dir: str | Path, reference: str = "vanilla", grader: str | None = None,
-              paired: list[str] | None = None) -> dict:
-    """Per-method metrics over the problems every method finished: speedups against ``reference`` and
-    exact McNemar tests against each method in ``paired`` (default: the reference) on ``grader`` (default:
-    the benchmark's main grade)."""
+              paired: list[str] | None = None, only: list[str] | None = None) -> dict:
+    """Per-method metrics over the problems every method (of ``only``, default all) finished: speedups
+    against ``reference`` and exact McNemar tests against each method in ``paired`` (default: the
+    reference) on ``grader`` (default: the benchmark's main grade)."""
     run_dir = Path(run_dir)
     run = json.loads((run_dir / "run.json").read_text())
     methods = [Method.from_record(m) for m in run["methods"]]
@@ -48,11 +48,18 @@ def summarise(run_dir: str | Path, reference: str = "vanilla", grader: str | Non
     context = RunContext.for_decoding(s["draft"], s["target"], s["do_sample"], s["temperature"])
     names = [m.name for m in methods]
     paired = paired or [reference]
-    for name in (reference, *paired):
+    for name in (reference, *paired, *(only or [])):
         if name not in names:
             raise ValueError(f"method {name!r} is not in this run ({', '.join(names)})")
-    by = {(r["id"], r["method"]): r for r in read_rows(run_dir)}
+    if only:
+        methods = [m for m in methods if m.name in {*only, reference, *paired}]
+        names = [m.name for m in methods]
+    by = {(r["id"], r["method"]): r for r in read_rows(run_dir) if r["method"] in names}
     ids = sorted({i for i, _ in by if all((i, m) in by for m in names)})
+    if not ids:
+        counts = ", ".join(f"{m}: {sum(k[1] == m for k in by)}" for m in names)
+        raise ValueError(f"no problem has a row for every method (rows per method: {counts}); "
+                         "choose the methods to report with --methods")
     batched = (s.get("batch_size") or 1) > 1
     bench = get_benchmark(s["benchmark"])
     grader = grader or bench.main_grader
@@ -390,12 +397,12 @@ def plot(summary: dict, run_dir: Path) -> list[Path]:
 
 
 def report(run_dir: str | Path, reference: str = "vanilla", grader: str | None = None,
-           paired: list[str] | None = None) -> str:
+           paired: list[str] | None = None, only: list[str] | None = None) -> str:
     """Write report.md, summary.json and the plots into ``run_dir``; returns the Markdown."""
     run_dir = Path(run_dir)
     if not (run_dir / "run.json").exists():
         raise FileNotFoundError(f"{run_dir} is not a run folder (no run.json); run `semverify compare` first")
-    summary = summarise(run_dir, reference, grader, paired)
+    summary = summarise(run_dir, reference, grader, paired, only)
     text = markdown(summary)
     (run_dir / "report.md").write_text(text)
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))

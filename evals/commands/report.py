@@ -16,6 +16,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reference", default="vanilla", help="method speedups are measured against")
     p.add_argument("--paired", default=None,
                    help="comma-separated methods to run the paired McNemar test against (default: the reference)")
+    p.add_argument("--methods", default=None,
+                   help="comma-separated methods to report (with the reference and the paired ones; default all): "
+                        "the table covers the problems every reported method finished")
     p.add_argument("--grader", default=None, choices=sorted(set(GRADERS) | set(MATH_GRADERS) | set(CODE_GRADERS)),
                    help="the grade the paired tests and plots use (each benchmark has its own set; default "
                         "math_verify for GSM8K and MATH-500, pass@1 for HumanEval)")
@@ -24,14 +27,18 @@ def configure(p: argparse.ArgumentParser) -> None:
                         "with another batch size, dtype or machine); written to RUN_DIR/against-<other>.md")
 
 
+def _names(text: str | None) -> list[str] | None:
+    return [m.strip() for m in text.split(",") if m.strip()] if text else None
+
+
 def run(args: argparse.Namespace) -> int:
     if args.against:
         text = against_markdown(against(args.run_dir, args.against, args.grader))
         (Path(args.run_dir) / f"against-{Path(args.against).resolve().name}.md").write_text(text)
         print(text)
         return 0
-    paired = [m.strip() for m in args.paired.split(",") if m.strip()] if args.paired else None
-    print(report(args.run_dir, args.reference, args.grader, paired))
+    paired, only = _names(args.paired), _names(args.methods)
+    print(report(args.run_dir, args.reference, args.grader, paired, only))
     return 0
 
 

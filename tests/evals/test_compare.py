@@ -276,6 +276,20 @@ def test_speedups_compare_rows_of_one_machine_only(tmp_path):
     assert "by machine" not in text  # every timed pair ran on one machine
 
 
+def test_a_method_without_rows_is_named_and_can_be_left_out(tmp_path):
+    writer = _run_resumed_on_a_second_machine(tmp_path)
+    for i in range(2):  # draft_alone was added to the run but has no rows yet
+        writer.write(_row(i, "vanilla", 4.0, "slow cpu"))
+    writer.close()
+    with pytest.raises(ValueError, match=r"rows per method: vanilla: 2, draft_alone: 0.*--methods"):
+        summarise(tmp_path)
+    with pytest.raises(ValueError, match="'sd' is not in this run"):
+        summarise(tmp_path, only=["sd"])
+    summary = summarise(tmp_path, only=["vanilla"])
+    assert summary["problems"] == 2 and list(summary["methods"]) == ["vanilla"]
+    assert "2 problems" in report(tmp_path, only=["vanilla"])
+
+
 def test_speedups_are_also_given_per_machine_when_a_run_spans_machines(tmp_path):
     writer = _run_resumed_on_a_second_machine(tmp_path)
     for i, (cpu, ratio) in enumerate([("slow cpu", 1.0), ("slow cpu", 1.5), ("fast cpu", 3.0)]):
