@@ -54,14 +54,18 @@ def summarise(run_dir: str | Path, reference: str = "vanilla", grader: str | Non
     if only:
         methods = [m for m in methods if m.name in {*only, reference, *paired}]
         names = [m.name for m in methods]
+    bench = get_benchmark(s["benchmark"])
     by = {(r["id"], r["method"]): r for r in read_rows(run_dir) if r["method"] in names}
     ids = sorted({i for i, _ in by if all((i, m) in by for m in names)})
     if not ids:
         counts = ", ".join(f"{m}: {sum(k[1] == m for k in by)}" for m in names)
         raise ValueError(f"no problem has a row for every method (rows per method: {counts}); "
                          "choose the methods to report with --methods")
+    # rows from before rows recorded their machine ran on the run's one machine, unless it moved
+    cpus = _run_cpus(run)
+    only_cpu = cpus[0] if len(cpus) == 1 and cpus[0] != "?" else None
+    by = {k: {**bench.regrade(r), "machine": r.get("machine", only_cpu)} for k, r in by.items() if k[0] in set(ids)}
     batched = (s.get("batch_size") or 1) > 1
-    bench = get_benchmark(s["benchmark"])
     grader = grader or bench.main_grader
     if grader not in bench.graders:
         raise ValueError(f"{s['benchmark']} is graded by {', '.join(bench.graders)}, not {grader!r}")
@@ -71,7 +75,7 @@ def summarise(run_dir: str | Path, reference: str = "vanilla", grader: str | Non
         rs = [by[(i, m.name)] for i in ids]
         steps = sum(r["steps"] for r in rs)
         drafted = sum(r["drafted"] for r in rs)
-        # a timing ratio only within one machine (rows of a run resumed elsewhere, or of unknown machine, are left out)
+        # a timing ratio only within one machine (rows of unknown machine in a run that moved are left out)
         timed = [i for i in ids if by[(i, m.name)].get("machine") is not None
                  and by[(i, m.name)].get("machine") == by[(i, reference)].get("machine")]
         ratios = [by[(i, m.name)]["tok_s"] / by[(i, reference)]["tok_s"] for i in timed]
@@ -246,10 +250,12 @@ def markdown(summary: dict) -> str:
         ps = [f"{m['paired'][o]['p_value']:.3f}" if o in m["paired"] else "-" for o in summary["paired"]]
         lossless = {True: "yes", False: "no", None: "?"}[m["lossless"]]
         lines.append(f"| {name} | {lossless} | {' | '.join(accs)} | {m['tau']:.2f} | "
-                     f"{alpha} | {m['tok_s_median']:.2f} | {m['speedup']:.2f}x | {m['wall_s']:.0f} | "
+                     f"{alpha} | {m['tok_s_median']:.2f} | {_speedup(m)} | {m['wall_s']:.0f} | "
                      + " | ".join(ps) + " |")
-    partial = [f"- speedup of `{name}` over {m['speedup_problems']} of {summary['problems']} problems: on the "
-               f"others its row and `{summary['reference']}`'s ran on different machines"
+    partial = [(f"- speedup of `{name}` over {m['speedup_problems']} of {summary['problems']} problems: on the "
+                f"others its row and `{summary['reference']}`'s ran on different machines") if m["speedup_problems"]
+               else (f"- no speedup for `{name}` (nor a point in the plot): none of its rows ran on the machine of "
+                     f"`{summary['reference']}`'s row for the same problem")
                for name, m in summary["methods"].items() if m["speedup_problems"] < summary["problems"]]
     return "\n".join(lines + ([""] + partial if partial else []) + _by_machine(summary) + _time_per_step(summary)
                      + _identical(summary) + _groups(summary) + _rule_events(summary)) + "\n"
@@ -313,10 +319,14 @@ def _groups(summary: dict) -> list[str]:
     return lines
 
 
-def _machines(run: dict) -> str:
-    """The machine that started the run, and any others that added methods or resumed it."""
+def _run_cpus(run: dict) -> list[str]:
+    """The machine that started the run, then any others that added methods or resumed it."""
     envs = [run.get("environment", {}), *(a["environment"] for a in run.get("added", [])), *run.get("resumed", [])]
-    cpus = list(dict.fromkeys(e.get("cpu", "?") for e in envs))
+    return list(dict.fromkeys(e.get("cpu", "?") for e in envs))
+
+
+def _machines(run: dict) -> str:
+    cpus = _run_cpus(run)
     return cpus[0] + (f" (resumed on {', '.join(cpus[1:])})" if len(cpus) > 1 else "")
 
 
@@ -357,6 +367,11 @@ def format_accuracy(a: dict) -> str:
     return f"{100 * a['acc']:.1f} [{100 * a['ci95'][0]:.1f}, {100 * a['ci95'][1]:.1f}]"
 
 
+def _speedup(m: dict) -> str:
+    """A method's speedup cell: '-' where none of its rows ran on the reference's machine."""
+    return f"{m['speedup']:.2f}x" if m["speedup_problems"] else "-"
+
+
 def plot(summary: dict, run_dir: Path) -> list[Path]:
     """accuracy_vs_speedup.png (with intervals) and acceptance_by_position.png."""
     import matplotlib
@@ -367,6 +382,8 @@ def plot(summary: dict, run_dir: Path) -> list[Path]:
     grader = summary["grader"]
     fig, ax = plt.subplots(figsize=(6, 4))
     for name, m in summary["methods"].items():
+        if not m["speedup_problems"]:  # no row timed on the reference's machine: no speedup to place it at
+            continue
         a = m["accuracy"][grader]
         ax.errorbar(m["speedup"], 100 * a["acc"], yerr=[[100 * (a["acc"] - a["ci95"][0])],
                     [100 * (a["ci95"][1] - a["acc"])]], fmt="o", capsize=4, label=name)
@@ -397,14 +414,17 @@ def plot(summary: dict, run_dir: Path) -> list[Path]:
 
 
 def report(run_dir: str | Path, reference: str = "vanilla", grader: str | None = None,
-           paired: list[str] | None = None, only: list[str] | None = None) -> str:
-    """Write report.md, summary.json and the plots into ``run_dir``; returns the Markdown."""
+           paired: list[str] | None = None, only: list[str] | None = None, out: str | Path | None = None) -> str:
+    """Write report.md, summary.json and the plots into ``out`` (default ``run_dir``, e.g. another folder for a
+    report on a subset of the methods); returns the Markdown."""
     run_dir = Path(run_dir)
     if not (run_dir / "run.json").exists():
         raise FileNotFoundError(f"{run_dir} is not a run folder (no run.json); run `semverify compare` first")
     summary = summarise(run_dir, reference, grader, paired, only)
     text = markdown(summary)
-    (run_dir / "report.md").write_text(text)
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-    plot(summary, run_dir)
+    out = Path(out) if out is not None else run_dir
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "report.md").write_text(text)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    plot(summary, out)
     return text

@@ -67,3 +67,14 @@ def check_verdict_bounds(x: VerifyInput, v: Verdict) -> tuple[torch.Tensor, torc
     assert bool(((nxt >= 0) & (nxt < V)).all())
     assert bool((x.target_probs[torch.arange(B), n, nxt] > 0).all()), "next token has target probability 0 at n"
     return n, nxt
+
+
+def run_row(i: int, method: str, tok_s: float, machine: str | None = None, output: str = "So the total is 5.",
+            grades: tuple[bool, bool, bool] = (False, True, True)) -> dict:
+    """A GSM8K run row (gold answer 5) as `semverify compare` writes it, for report tests; ``grades`` are
+    the stored strict, flexible and math-verify grades, and rows without ``machine`` predate that field."""
+    row = {"id": i, "method": method, "gold": "5", "output": output,
+           "grades": dict(zip(("strict", "flexible", "math_verify"), grades)), "new_tokens": 10, "steps": 10,
+           "drafted": 0, "accepted": 0, "drafted_per_position": [], "accepted_per_position": [], "reasons": {},
+           "scores": {}, "total_time": 1.0, "tok_s": tok_s}
+    return row if machine is None else {**row, "machine": machine}

@@ -22,6 +22,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--grader", default=None, choices=sorted(set(GRADERS) | set(MATH_GRADERS) | set(CODE_GRADERS)),
                    help="the grade the paired tests and plots use (each benchmark has its own set; default "
                         "math_verify for GSM8K and MATH-500, pass@1 for HumanEval)")
+    p.add_argument("--out", default=None, metavar="DIR",
+                   help="folder for report.md, summary.json and the plots (default: the run folder), e.g. to keep "
+                        "a report on a subset of the methods beside the run's own")
     p.add_argument("--against", default=None, metavar="OTHER_RUN",
                    help="instead: each method both runs hold, side by side on the problems both finished (a rerun "
                         "with another batch size, dtype or machine); written to RUN_DIR/against-<other>.md")
@@ -38,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
         print(text)
         return 0
     paired, only = _names(args.paired), _names(args.methods)
-    print(report(args.run_dir, args.reference, args.grader, paired, only))
+    print(report(args.run_dir, args.reference, args.grader, paired, only, args.out))
     return 0
 
 

@@ -10,12 +10,13 @@ import time
 
 import pytest
 
+from evals.benchmarks import get_benchmark
 from evals.env import machine
 from evals.report import machine_timing, mcnemar, report, summarise, wilson
 from evals.rows import RowWriter, read_rows
 from semverify.cli import main
 from semverify.registry import Method, get_method, load_methods, parse_method
-from tests.helpers import REPO, byte_tokenizer, tiny_model
+from tests.helpers import REPO, byte_tokenizer, run_row, tiny_model
 
 METHODS = "vanilla,sd,pld,typical"
 
@@ -241,13 +242,6 @@ def test_draft_alone_decodes_with_the_draft_model(tiny_checkpoint, tmp_path):
         Method("x", "none", decoder="both")
 
 
-def _row(i, method, tok_s, machine):
-    return {"id": i, "method": method, "output": "x", "grades": {"strict": False, "flexible": True,
-            "math_verify": True}, "new_tokens": 10, "steps": 10, "drafted": 0, "accepted": 0,
-            "drafted_per_position": [], "accepted_per_position": [], "reasons": {}, "scores": {},
-            "total_time": 1.0, "tok_s": tok_s, "machine": machine}
-
-
 def _run_resumed_on_a_second_machine(run_dir):
     """A run of vanilla and draft_alone started on "slow cpu" and resumed on "fast cpu"; returns its row writer."""
     env = {"cpu": "slow cpu", "torch_threads": 2, "date": "d"}
@@ -263,8 +257,8 @@ def _run_resumed_on_a_second_machine(run_dir):
 def test_speedups_compare_rows_of_one_machine_only(tmp_path):
     writer = _run_resumed_on_a_second_machine(tmp_path)
     for i in range(3):  # problem 2's draft_alone row was written after a resume on a faster machine
-        writer.write(_row(i, "vanilla", 4.0, "slow cpu"))
-        writer.write(_row(i, "draft_alone", 40.0 if i == 2 else 8.0, "fast cpu" if i == 2 else "slow cpu"))
+        writer.write(run_row(i, "vanilla", 4.0, "slow cpu"))
+        writer.write(run_row(i, "draft_alone", 40.0 if i == 2 else 8.0, "fast cpu" if i == 2 else "slow cpu"))
     writer.close()
     summary = summarise(tmp_path)
     alone = summary["methods"]["draft_alone"]
@@ -279,7 +273,7 @@ def test_speedups_compare_rows_of_one_machine_only(tmp_path):
 def test_a_method_without_rows_is_named_and_can_be_left_out(tmp_path):
     writer = _run_resumed_on_a_second_machine(tmp_path)
     for i in range(2):  # draft_alone was added to the run but has no rows yet
-        writer.write(_row(i, "vanilla", 4.0, "slow cpu"))
+        writer.write(run_row(i, "vanilla", 4.0, "slow cpu"))
     writer.close()
     with pytest.raises(ValueError, match=r"rows per method: vanilla: 2, draft_alone: 0.*--methods"):
         summarise(tmp_path)
@@ -287,14 +281,40 @@ def test_a_method_without_rows_is_named_and_can_be_left_out(tmp_path):
         summarise(tmp_path, only=["sd"])
     summary = summarise(tmp_path, only=["vanilla"])
     assert summary["problems"] == 2 and list(summary["methods"]) == ["vanilla"]
-    assert "2 problems" in report(tmp_path, only=["vanilla"])
+    assert "2 problems" in report(tmp_path, only=["vanilla"], out=tmp_path / "subset")
+    assert (tmp_path / "subset" / "summary.json").exists() and not (tmp_path / "report.md").exists()
+
+
+def test_reports_regrade_rows_written_by_an_older_grader(tmp_path):
+    writer = _run_resumed_on_a_second_machine(tmp_path)
+    for i in range(2):  # stored as an older strict grader, which did not read \boxed{}, graded them
+        writer.write(run_row(i, "vanilla", 4.0, "slow cpu", "So the total is \\boxed{5}.", (False, True, True)))
+        writer.write(run_row(i, "draft_alone", 8.0, "slow cpu", "So the total is 4.", (False, True, True)))
+    writer.close()
+    methods = summarise(tmp_path)["methods"]
+    assert methods["vanilla"]["accuracy"]["strict"]["correct"] == 2
+    assert methods["draft_alone"]["accuracy"]["flexible"]["correct"] == 0
+    assert methods["draft_alone"]["paired"]["vanilla"]["p_value"] == 0.5
+    code = get_benchmark("humaneval")  # pass@1 needs the tests, which rows do not hold: stored grades stay
+    row = {"id": 0, "gold": "f", "output": "", "grades": {"pass@1": True}}
+    assert code.regrade(row) == row
+
+
+def test_a_method_timed_on_no_shared_machine_has_no_speedup_cell(tmp_path):
+    writer = _run_resumed_on_a_second_machine(tmp_path)
+    for i in range(2):
+        writer.write(run_row(i, "vanilla", 4.0, "slow cpu"))
+        writer.write(run_row(i, "draft_alone", 8.0, "fast cpu"))
+    writer.close()
+    text = report(tmp_path)
+    assert "0.00x" not in text and "no speedup for `draft_alone` (nor a point in the plot)" in text
 
 
 def test_speedups_are_also_given_per_machine_when_a_run_spans_machines(tmp_path):
     writer = _run_resumed_on_a_second_machine(tmp_path)
     for i, (cpu, ratio) in enumerate([("slow cpu", 1.0), ("slow cpu", 1.5), ("fast cpu", 3.0)]):
-        writer.write(_row(i, "vanilla", 4.0, cpu))
-        writer.write(_row(i, "draft_alone", 4.0 * ratio, cpu))
+        writer.write(run_row(i, "vanilla", 4.0, cpu))
+        writer.write(run_row(i, "draft_alone", 4.0 * ratio, cpu))
     writer.close()
     alone = summarise(tmp_path)["methods"]["draft_alone"]
     assert alone["speedup_by_machine"] == {"slow cpu": {"median": 1.25, "problems": 2},

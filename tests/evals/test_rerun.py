@@ -13,12 +13,13 @@ SETTINGS = {"target": "t", "draft": "d", "dtype": "bfloat16", "benchmark": "gsm8
 
 
 def write_run(folder, rows, **settings):
-    """A run folder with ``rows`` as (problem, method, correct, output) and these settings changed."""
+    """A run folder with ``rows`` as (problem, method, correct, output) and these settings changed; the
+    output ends with the gold answer 7 when correct, else with 8, since reports regrade rows."""
     folder.mkdir()
     (folder / "run.json").write_text(json.dumps({"settings": {**SETTINGS, **settings}, "methods": []}))
     writer = RowWriter(folder / "rows.rank0.jsonl")
     for i, method, correct, output in rows:
-        writer.write({"id": i, "method": method, "output": output,
+        writer.write({"id": i, "method": method, "gold": "7", "output": f"{output}: {7 if correct else 8}",
                       "grades": {"strict": False, "flexible": correct, "math_verify": correct}})
     writer.close()
     return folder

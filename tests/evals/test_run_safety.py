@@ -11,7 +11,7 @@ from evals.report import summarise
 from evals.rows import RowWriter, read_rows
 from semverify.cli import main
 from semverify.registry import get_method
-from tests.helpers import REPO  # noqa: F401  (the harness runs from the repository)
+from tests.helpers import REPO, run_row  # noqa: F401  (REPO: the harness runs from the repository)
 
 
 def args(checkpoint, out, data="sample", limit=2, extra=()):
@@ -76,22 +76,17 @@ def test_a_broken_line_in_the_middle_is_an_error(tmp_path):
     assert [r["id"] for r in read_rows(tmp_path)] == [0]
 
 
-def test_rows_without_a_machine_are_never_timed_against_each_other(tmp_path):
-    def row(i, method, tok_s):
-        return {"id": i, "method": method, "output": "x", "grades": {"strict": False, "flexible": True,
-                "math_verify": True}, "new_tokens": 10, "steps": 10, "drafted": 0, "accepted": 0,
-                "drafted_per_position": [], "accepted_per_position": [], "reasons": {}, "scores": {},
-                "total_time": 1.0, "tok_s": tok_s}  # written before rows recorded their machine
-
+@pytest.mark.parametrize("resumed, timed", [([], 2), ([{"cpu": "c"}], 2), ([{"cpu": "other"}], 0)])
+def test_rows_without_a_machine_are_timed_only_in_a_run_that_never_moved(tmp_path, resumed, timed):
     settings = {"target": "t", "draft": "d", "dtype": "float32", "benchmark": "gsm8k", "data": "sample",
                 "template": "chat", "max_new_tokens": 8, "do_sample": False, "temperature": 1.0, "top_k": None,
                 "top_p": None, "seed": 0}
     (tmp_path / "run.json").write_text(json.dumps({
-        "settings": settings, "environment": {"cpu": "c"},
+        "settings": settings, "environment": {"cpu": "c"}, "resumed": resumed,
         "methods": [get_method("vanilla").to_dict(), get_method("pld").to_dict()]}))
     with RowWriter(tmp_path / "rows.rank0.jsonl") as writer:
         for i in range(2):
-            writer.write(row(i, "vanilla", 4.0))
-            writer.write(row(i, "pld", 8.0))
+            writer.write(run_row(i, "vanilla", 4.0))  # rows written before they recorded their machine
+            writer.write(run_row(i, "pld", 8.0))
     pld = summarise(tmp_path)["methods"]["pld"]
-    assert pld["speedup_problems"] == 0 and pld["speedup_median"] == 0.0
+    assert pld["speedup_problems"] == timed and pld["speedup_median"] == (2.0 if timed else 0.0)
