@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from evals.runner import compare
 from evals.sweep import frontier, grid_methods, parse_grid, write
@@ -19,6 +20,9 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="methods run beside the grid on the same problems; the first is the accuracy reference")
     p.add_argument("--keep", type=float, default=0.98,
                    help="share of the reference's accuracy the pick must keep (default 0.98)")
+    p.add_argument("--report-only", action="store_true",
+                   help="write sweep.md, sweep.json and sweep.png from the rows already in --out, running nothing "
+                        "(e.g. for a sweep that spans sessions); the table covers the problems every method finished")
     add_run_args(p, limit=30)
 
 
@@ -27,8 +31,13 @@ def run(args: argparse.Namespace) -> int:
     references = [m.strip() for m in args.references.split(",") if m.strip()]
     if not references:
         raise ValueError("--references needs at least the accuracy reference (e.g. vanilla)")
-    run_settings, methods = checked_run(args, ",".join(references + settings), None)
-    out = compare(run_settings, methods, args.out)
+    if args.report_only:
+        if not (Path(args.out) / "run.json").exists():
+            raise FileNotFoundError(f"{args.out} holds no run yet (no run.json); run the sweep without --report-only")
+        out = args.out
+    else:
+        run_settings, methods = checked_run(args, ",".join(references + settings), None)
+        out = compare(run_settings, methods, args.out)
     print(write(frontier(out, settings, references[0], args.keep), out))
     return 0
 

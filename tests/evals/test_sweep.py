@@ -35,3 +35,11 @@ def test_sweep_runs_the_grid_beside_the_references_and_picks(tiny_checkpoint, tm
     # at threshold 1 with alpha inf typical acceptance is exact greedy matching: it keeps vanilla's accuracy
     assert result["pick"] is not None and (out / "sweep.png").stat().st_size > 0
     assert "Pick: `typical:" in capsys.readouterr().out
+    # --report-only writes the frontier from the rows there, running nothing (the rows stay as they are)
+    (out / "sweep.md").unlink()
+    before = (out / "rows.rank0.jsonl").read_text()
+    assert main(["sweep", "--method", "typical", "--grid", "posterior_threshold=0.05,1.0", "--grid",
+                 "posterior_alpha=inf", "--references", "vanilla,sd", "--report-only", "--out", str(out)]) == 0
+    assert (out / "sweep.md").exists() and (out / "rows.rank0.jsonl").read_text() == before
+    with pytest.raises(SystemExit, match="holds no run yet"):
+        main(["sweep", "--method", "typical", "--grid", "k=2", "--report-only", "--out", str(tmp_path / "none")])
