@@ -64,7 +64,8 @@ def summarise(run_dir: str | Path, reference: str = "vanilla", grader: str | Non
     # rows from before rows recorded their machine ran on the run's one machine, unless it moved
     cpus = _run_cpus(run)
     only_cpu = cpus[0] if len(cpus) == 1 and cpus[0] != "?" else None
-    by = {k: {**bench.regrade(r), "machine": r.get("machine", only_cpu)} for k, r in by.items() if k[0] in set(ids)}
+    finished = set(ids)
+    by = {k: {**bench.regrade(r), "machine": r.get("machine", only_cpu)} for k, r in by.items() if k[0] in finished}
     batched = (s.get("batch_size") or 1) > 1
     grader = grader or bench.main_grader
     if grader not in bench.graders:

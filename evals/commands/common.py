@@ -19,6 +19,11 @@ def printed(benchmark: Callable[[argparse.Namespace], str]) -> Callable[[argpars
     return run
 
 
+def names(text: str | None) -> list[str]:
+    """A comma-separated list of method names, blanks dropped (``None`` or empty: none)."""
+    return [m.strip() for m in text.split(",") if m.strip()] if text else []
+
+
 def add_models(p: argparse.ArgumentParser, draft: bool = True, dtype: str = "bfloat16") -> None:
     p.add_argument("--target", default=DEFAULT_TARGET, help="alias, hub id, local folder or .gguf file")
     if draft:

@@ -10,6 +10,8 @@ from evals.report import report
 from evals.rerun import against, against_markdown
 from semverify.commands import Command
 
+from .common import names
+
 
 def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("run_dir")
@@ -30,17 +32,13 @@ def configure(p: argparse.ArgumentParser) -> None:
                         "with another batch size, dtype or machine); written to RUN_DIR/against-<other>.md")
 
 
-def _names(text: str | None) -> list[str] | None:
-    return [m.strip() for m in text.split(",") if m.strip()] if text else None
-
-
 def run(args: argparse.Namespace) -> int:
     if args.against:
         text = against_markdown(against(args.run_dir, args.against, args.grader))
         (Path(args.run_dir) / f"against-{Path(args.against).resolve().name}.md").write_text(text)
         print(text)
         return 0
-    paired, only = _names(args.paired), _names(args.methods)
+    paired, only = names(args.paired) or None, names(args.methods) or None
     print(report(args.run_dir, args.reference, args.grader, paired, only, args.out))
     return 0
 

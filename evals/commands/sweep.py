@@ -9,7 +9,7 @@ from evals.runner import compare
 from evals.sweep import frontier, grid_methods, parse_grid, write
 from semverify.commands import Command
 
-from .common import add_run_args, checked_run
+from .common import add_run_args, checked_run, names
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -28,7 +28,7 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     settings = grid_methods(args.method, parse_grid(args.grid))
-    references = [m.strip() for m in args.references.split(",") if m.strip()]
+    references = names(args.references)
     if not references:
         raise ValueError("--references needs at least the accuracy reference (e.g. vanilla)")
     if args.report_only:
