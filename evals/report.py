@@ -107,6 +107,7 @@ def summarise(run_dir: str | Path, reference: str = "vanilla", grader: str | Non
             "drafted": drafted,
             "drafted_per_position": _sum_lists(r["drafted_per_position"] for r in rs),
             "scores": _score_summary(rs),
+            "substitutions": _substitutions(rs, [by[(i, reference)] for i in ids], grader),
         }
         entry["paired"] = {}
         for other in paired:
@@ -209,6 +210,26 @@ def _score_summary(rows: list[dict]) -> dict[str, dict]:
                          "p90": deciles[8], "max": values[-1],
                          "share_below_1": sum(v < 1 for v in values) / len(values)}
     return out
+
+
+def _substitutions(rows: list[dict], reference_rows: list[dict], grader: str) -> dict | None:
+    """What a lossy rule kept instead of the target's own token, over the rows that logged it: how often,
+    how often a digit was involved (a changed number can change the answer), the commonest pairs, and how
+    many problems with a digit substitution the reference solved and this method did not."""
+    logged = [(r, ref) for r, ref in zip(rows, reference_rows) if "substitutions" in r]
+    subs = [s for r, _ in logged for s in r["substitutions"]]
+    if not subs:
+        return None
+    digit = [any(c.isdigit() for c in s["kept"] + s["target"]) for s in subs]
+    with_digit = [(r, ref) for r, ref in logged
+                  if any(any(c.isdigit() for c in s["kept"] + s["target"]) for s in r["substitutions"])]
+    pairs: dict[tuple[str, str], int] = {}
+    for s in subs:
+        pairs[(s["kept"], s["target"])] = pairs.get((s["kept"], s["target"]), 0) + 1
+    return {"rows": len(logged), "count": len(subs), "new_tokens": sum(r["new_tokens"] for r, _ in logged),
+            "digits": sum(digit), "problems_with_digit": len(with_digit),
+            "lost_with_digit": sum(ref["grades"][grader] and not r["grades"][grader] for r, ref in with_digit),
+            "common": sorted(pairs.items(), key=lambda kv: -kv[1])[:5]}
 
 
 def _sum_reasons(rows: list[dict]) -> dict:
@@ -360,6 +381,15 @@ def _rule_events(summary: dict) -> list[str]:
             lines.append(f"- `{name}` {score} over {q['n']} steps: min {q['min']:.3g}, p10 {q['p10']:.3g}, "
                          f"median {q['median']:.3g}, p90 {q['p90']:.3g}, max {q['max']:.3g}"
                          + (f"; {100 * q['share_below_1']:.1f}% below 1" if score.endswith("ratio") else ""))
+    for name, m in summary["methods"].items():
+        sub = m.get("substitutions")
+        if sub:
+            common = ", ".join(f"{kept!r} for {own!r} ({n})" for (kept, own), n in sub["common"])
+            lines.append(f"- `{name}` kept {sub['count']} tokens the target would not have chosen "
+                         f"({100 * sub['count'] / max(sub['new_tokens'], 1):.2f} per 100 new tokens, over the "
+                         f"{sub['rows']} problems that logged them); {sub['digits']} involve a digit, in "
+                         f"{sub['problems_with_digit']} problems, of which `{summary['reference']}` solved and this "
+                         f"method missed {sub['lost_with_digit']}; commonest: {common}")
     return ["", "Rule events:", "", *lines] if lines else []
 
 

@@ -262,6 +262,8 @@ def problem_row(problem: Problem, method: Method, seed: int, new: torch.LongTens
         "drafted_per_position": stats.drafted_per_position,
         "accepted_per_position": stats.accepted_per_position, "reasons": dict(stats.reasons),
         "reasons_per_position": stats.reasons_per_position, "scores": stats.scores,
+        "substitutions": [{"at": at, "reason": why, "kept": tokenizer.decode([kept]), "target": tokenizer.decode([own])}
+                          for at, why, kept, own in stats.substitutions],
         "draft_time": stats.draft_time, "verify_time": stats.verify_time, "total_time": stats.total_time,
         "tok_s": stats.tokens_per_second, "machine": machine(),
     }

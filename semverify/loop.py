@@ -185,6 +185,7 @@ def verify_rows(rule: AcceptanceRule, x: VerifyInput) -> tuple[list[list[int]], 
     n, token = torch.zeros(batch, dtype=torch.long), torch.zeros(batch, dtype=torch.long)
     reasons: dict[str, torch.Tensor] = {}
     scores: dict[str, torch.Tensor] = {}
+    target_tokens = None
     for row, length in enumerate(lengths):
         part = rule(_row_input(x, row, length))
         n[row], token[row] = part.n_accepted[0], part.next_token[0]
@@ -192,7 +193,11 @@ def verify_rows(rule: AcceptanceRule, x: VerifyInput) -> tuple[list[list[int]], 
             reasons.setdefault(name, torch.zeros(batch, k, dtype=torch.bool))[row, :length] = mask[0]
         for name, value in part.scores.items():
             scores.setdefault(name, torch.full((batch,), float("nan")))[row] = float(value[0])
-    return [list(range(length)) for length in lengths], Verdict(n, token, reasons, scores)
+        if part.target_tokens is not None:
+            if target_tokens is None:
+                target_tokens = torch.full((batch, k), -1, dtype=torch.long)
+            target_tokens[row, :length] = part.target_tokens[0]
+    return [list(range(length)) for length in lengths], Verdict(n, token, reasons, scores, target_tokens)
 
 
 def _row_input(x: VerifyInput, row: int, length: int) -> VerifyInput:
@@ -276,7 +281,8 @@ def _row(verdict: Verdict, row: int) -> Verdict:
     """One row of a batch verdict."""
     return Verdict(verdict.n_accepted[row : row + 1], verdict.next_token[row : row + 1],
                    {k: v[row : row + 1] for k, v in verdict.reasons.items()},
-                   {k: v[row : row + 1] for k, v in verdict.scores.items() if not bool(v[row].isnan())})
+                   {k: v[row : row + 1] for k, v in verdict.scores.items() if not bool(v[row].isnan())},
+                   None if verdict.target_tokens is None else verdict.target_tokens[row : row + 1])
 
 
 def _padded(input_ids: torch.LongTensor, new: list[list[int]], pad_token_id: int | None) -> torch.LongTensor:

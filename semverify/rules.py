@@ -156,10 +156,11 @@ class TypicalAcceptance:
     def __call__(self, x: VerifyInput) -> Verdict:
         tokens, k = x.draft.tokens, x.k
         p = x.target_probs[:, :k]
-        exact = tokens == x.target_logits[:, :k].argmax(dim=-1)
+        top = x.target_logits[:, :k].argmax(dim=-1)
+        exact = tokens == top
         p_x = p.gather(-1, tokens[..., None]).squeeze(-1)
         bound = torch.clamp(self.posterior_alpha * torch.exp(-entropy(p)), max=self.posterior_threshold)
         n = leading_true(exact | (p_x > bound))
         kept = prefix_mask(n, k)
         choice = target_choices(x)
-        return Verdict(n, at_position(choice, n), {"exact": kept & exact, "typical": kept & ~exact})
+        return Verdict(n, at_position(choice, n), {"exact": kept & exact, "typical": kept & ~exact}, target_tokens=top)

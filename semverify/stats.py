@@ -29,6 +29,8 @@ class SpecStats:
     reasons: Counter = field(default_factory=Counter)
     reasons_per_position: dict[str, list[int]] = field(default_factory=dict)
     scores: dict[str, list[float]] = field(default_factory=dict)  # per step, for the steps that gave one
+    # kept draft tokens the target would not have chosen: [index among new tokens, reason, kept, target's own]
+    substitutions: list[list] = field(default_factory=list)
     draft_time: float = 0.0
     verify_time: float = 0.0
     total_time: float = 0.0
@@ -54,6 +56,7 @@ class SpecStats:
                 _add_lists(pooled.reasons_per_position.setdefault(name, []), counts)
             for name, values in r.scores.items():
                 pooled.scores.setdefault(name, []).extend(values)
+            pooled.substitutions += r.substitutions
         pooled.draft_time = max((r.draft_time for r in rows), default=0.0)  # the rows share each step's time
         pooled.verify_time = max((r.verify_time for r in rows), default=0.0)
         return pooled
@@ -63,6 +66,7 @@ class SpecStats:
         """Count one target forward: ``outcome`` (drafted, accepted, emitted), the rule's per-position
         ``reasons`` and per-step scores, and ``positions``, the length of the path the rule judged (a
         chain's is its draft; a tree's, the chosen branch's), which per-position counts follow."""
+        self._log_substitutions(outcome, reasons)
         self.steps += 1
         self.drafted += outcome.drafted
         self.accepted += outcome.accepted
@@ -82,6 +86,18 @@ class SpecStats:
                 per_pos[i] += int(flag)
         for name, value in outcome.verdict.scores.items():
             self.scores.setdefault(name, []).append(float(value[0]))
+
+    def _log_substitutions(self, outcome: StepOutcome, reasons: dict[str, torch.Tensor]) -> None:
+        """Log each kept draft token that differs from the target's own choice (what a lossy rule
+        rescued), with the first reason that kept it."""
+        choice = outcome.verdict.target_tokens
+        if choice is None:
+            return
+        kept = outcome.emitted[0, : outcome.accepted].tolist()
+        for i, (token, own) in enumerate(zip(kept, choice[0].tolist())):
+            if token != own:
+                why = next((name for name, mask in reasons.items() if name != "exact" and bool(mask[0, i])), "?")
+                self.substitutions.append([self.new_tokens + i, why, token, own])
 
     @property
     def tau(self) -> float:
@@ -118,6 +134,7 @@ class SpecStats:
             "reasons": dict(self.reasons),
             "reasons_per_position": {k: list(v) for k, v in self.reasons_per_position.items()},
             "scores": {k: list(v) for k, v in self.scores.items()},
+            "substitutions": [list(s) for s in self.substitutions],
             "draft_time": self.draft_time,
             "verify_time": self.verify_time,
             "other_time": self.other_time,

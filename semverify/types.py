@@ -107,13 +107,16 @@ class Verdict:
     ``reasons`` maps a reason name (``"exact"``, ``"ratio"``, ``"typical"``, ``"penalty"``...) to a
     [B, k] bool mask of the positions it applied to; stats count them per position. ``scores`` maps a
     name to a [B] float the rule computed for this step (SemanticSpec's probe ratio...); stats keep
-    each step's value, so a threshold's effect can be read off without rerunning.
+    each step's value, so a threshold's effect can be read off without rerunning. ``target_tokens``
+    ([B, k], set by rules that may keep a draft token the target would not have chosen) is the target's
+    own choice at each position; stats log every kept token that differs from it (a substitution).
     """
 
     n_accepted: torch.LongTensor  # [B]
     next_token: torch.LongTensor  # [B]
     reasons: dict[str, torch.BoolTensor] = field(default_factory=dict)
     scores: dict[str, torch.Tensor] = field(default_factory=dict)
+    target_tokens: torch.LongTensor | None = None
 
 
 @dataclass(frozen=True)

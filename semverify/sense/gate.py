@@ -28,7 +28,8 @@ def isolated_mismatch(exact: torch.BoolTensor, window: int) -> torch.BoolTensor:
 
 def _kept_with_reasons(gate: torch.BoolTensor, exact: torch.BoolTensor, rescues: dict[str, torch.BoolTensor],
                        x: VerifyInput, choice: torch.LongTensor) -> Verdict:
-    """Verdict for the longest gated prefix; each rescued position is credited to its first reason."""
+    """Verdict for the longest gated prefix; each rescued position is credited to its first reason (and
+    logged by stats as a substitution of the target's own choice)."""
     n = leading_true(gate)
     kept = prefix_mask(n, x.k)
     reasons = {"exact": kept & exact}
@@ -36,7 +37,7 @@ def _kept_with_reasons(gate: torch.BoolTensor, exact: torch.BoolTensor, rescues:
     for name, mask in rescues.items():
         reasons[name] = left & mask
         left = left & ~mask
-    return Verdict(n, at_position(choice, n), reasons)
+    return Verdict(n, at_position(choice, n), reasons, target_tokens=choice[:, : x.k])
 
 
 class SoftGate:

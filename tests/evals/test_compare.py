@@ -354,3 +354,24 @@ def test_time_per_step_in_units_of_the_reference_token_time():
     assert timing["median"] == pytest.approx(10 / 7)
     assert "step_cost" not in machine_timing([{k: v for k, v in r.items() if k != "draft_time"} for r in method],
                                              reference)  # rows written before timings were split
+
+
+def test_substitutions_are_counted_with_digits_and_the_answers_they_cost(tmp_path):
+    writer = _run_resumed_on_a_second_machine(tmp_path)
+    wrong = ("So the total is 6.", (False, False, False))
+    subs = [[{"at": 3, "reason": "topk", "kept": " 6", "target": " 5"}, {"at": 7, "reason": "topk", "kept": " so",
+                                                                        "target": " thus"}],
+            [{"at": 1, "reason": "window", "kept": " 6", "target": " 5"}], []]
+    for i, logged in enumerate(subs):
+        writer.write(run_row(i, "vanilla", 4.0, "slow cpu"))
+        row = run_row(i, "draft_alone", 8.0, "slow cpu", *(wrong if i == 0 else ()))
+        writer.write({**row, "substitutions": logged} if i < 2 else row)  # problem 2's row predates the log
+    writer.close()
+    sub = summarise(tmp_path)["methods"]["draft_alone"]["substitutions"]
+    assert sub["rows"] == 2 and sub["count"] == 3 and sub["digits"] == 2 and sub["new_tokens"] == 20
+    assert sub["problems_with_digit"] == 2 and sub["lost_with_digit"] == 1
+    assert sub["common"][0] == ((" 6", " 5"), 2)
+    assert summarise(tmp_path)["methods"]["vanilla"]["substitutions"] is None
+    assert ("`draft_alone` kept 3 tokens the target would not have chosen (15.00 per 100 new tokens, over the 2 "
+            "problems that logged them); 2 involve a digit, in 2 problems, of which `vanilla` solved and this "
+            "method missed 1; commonest: ' 6' for ' 5' (2), ' so' for ' thus' (1)") in report(tmp_path)

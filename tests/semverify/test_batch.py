@@ -74,6 +74,17 @@ def test_each_row_stops_at_its_own_eos_and_leaves_the_batch():
     assert sizes[0] == 4 and sizes[-1] < 4  # finished rows stop costing work
 
 
+def test_each_row_logs_the_substitutions_it_logs_alone():
+    target = tiny_model(5, arch="llama")
+    rows = [torch.cat([p, p, p]) for p in prompts(5)]  # repeats, so prompt lookup drafts
+    ids, mask = left_padded(rows)
+    kwargs = dict(prompt_lookup_num_tokens=4, rule=get_rule("sense", theta_e=0.0, top_k=96, window=0),
+                  max_new_tokens=16, return_dict_in_generate=True)
+    batch = generate(target, ids, attention_mask=mask, pad_token_id=0, **kwargs).spec_stats
+    alone = [generate(target, row[None], **kwargs).spec_stats.substitutions for row in rows]
+    assert [r.substitutions for r in batch.rows] == alone and any(alone)
+
+
 @pytest.mark.parametrize("drafting", ["draft model", "prompt lookup"])
 def test_sampled_rows_draw_what_they_draw_alone(drafting):
     target, draft = tiny_model(4, arch="llama"), tiny_model(14, arch="llama")

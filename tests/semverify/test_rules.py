@@ -385,6 +385,7 @@ def test_typical_flat_target_accepts_plausible_non_argmax():
     assert v.next_token.tolist() == [0]
     assert v.reasons["typical"].tolist() == [[True, False]]
     assert v.reasons["exact"].tolist() == [[False, True]]
+    assert v.target_tokens.tolist() == [[0, 2]]  # the argmaxes, so stats log the kept 1 as a substitution of 0
 
 
 def test_typical_bound_uses_threshold_when_smaller():

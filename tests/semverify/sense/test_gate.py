@@ -10,7 +10,8 @@ import torch
 from semverify import ModelDrafter, generate, get_rule
 from semverify.rules import GreedyMatch
 from semverify.sense import DeferredWindow, SoftGate, isolated_mismatch
-from semverify.types import Draft, VerifyInput
+from semverify.stats import SpecStats
+from semverify.types import Draft, StepOutcome, VerifyInput
 from tests.helpers import TINY_VOCAB, tiny_model
 
 
@@ -118,13 +119,18 @@ def test_gates_keep_at_least_the_exact_prefix(seed):
         assert int(rule(x).n_accepted) >= exact
 
 
+def _noisy_copy(model, scale: float):
+    """The model's weights plus noise: its drafts are often in the target's top few, not always first."""
+    with torch.no_grad():
+        for w in model.parameters():
+            w.add_(torch.randn(w.shape, generator=torch.Generator().manual_seed(w.numel())) * scale)
+    return model
+
+
 def test_rescues_happen_through_the_loop():
     target = tiny_model(2, init_std=0.05)
     ids = torch.randint(0, TINY_VOCAB, (1, 16), generator=torch.Generator().manual_seed(2))
-    draft = tiny_model(2, init_std=0.05)  # the target's weights plus noise: often in its top-3, not always first
-    with torch.no_grad():
-        for w in draft.parameters():
-            w.add_(torch.randn(w.shape, generator=torch.Generator().manual_seed(w.numel())) * 0.03)
+    draft = _noisy_copy(tiny_model(2, init_std=0.05), 0.03)
     exact, soft = (generate(target, ids, drafter=ModelDrafter(draft), rule=rule, max_new_tokens=32,
                             num_assistant_tokens=4, return_dict_in_generate=True).spec_stats
                    for rule in ("greedy", "sense"))
@@ -132,6 +138,51 @@ def test_rescues_happen_through_the_loop():
     assert soft.reasons["topk"] + soft.reasons["window"] > 0
     assert math.isclose(soft.reasons["exact"] + soft.reasons.get("topk", 0) + soft.reasons.get("window", 0),
                         soft.accepted)
+    assert exact.substitutions == []
+
+
+@pytest.mark.parametrize("case", ["draft model, top-4", "prompt lookup, any token"])
+def test_each_rescue_is_logged_with_the_token_the_target_wanted(case):
+    """Every logged substitution sits where the output holds the kept token and the target's argmax on that
+    prefix is the logged one; every other new token is the target's argmax."""
+    target = tiny_model(2, init_std=0.05)
+    ids = torch.randint(0, TINY_VOCAB, (1, 10), generator=torch.Generator().manual_seed(2))
+    if case.startswith("draft"):
+        kwargs = dict(drafter=ModelDrafter(_noisy_copy(tiny_model(2, init_std=0.05), 0.03)),
+                      rule=SoftGate(theta_e=0.0, top_k=4, window=0))
+    else:
+        ids = torch.cat([ids, ids, ids], 1)
+        kwargs = dict(prompt_lookup_num_tokens=5, rule=SoftGate(theta_e=0.0, top_k=TINY_VOCAB, window=0))
+    out = generate(target, ids, max_new_tokens=40, num_assistant_tokens=5, return_dict_in_generate=True, **kwargs)
+    stats, seq = out.spec_stats, out.sequences
+    with torch.no_grad():
+        argmax = target(seq).logits[0, ids.shape[1] - 1 : -1].argmax(-1)  # the target's choice before each new token
+    new = seq[0, ids.shape[1] :]
+    logged = {at: (why, kept, own) for at, why, kept, own in stats.substitutions}
+    assert logged, "the relaxed gate should keep some non-argmax draft tokens here"
+    assert len(logged) == len(stats.substitutions) == stats.accepted - stats.reasons["exact"]
+    for at, (why, kept, own) in logged.items():
+        assert why == "topk" and int(new[at]) == kept != own == int(argmax[at])
+    assert all(int(new[i]) == int(argmax[i]) for i in range(len(new)) if i not in logged)
+
+
+@pytest.mark.parametrize("rule", [SoftGate(theta_e=0.05, top_k=3, window=4), DeferredWindow(window=4)])
+def test_a_window_rescue_is_logged_at_its_position(rule):
+    logits = torch.stack([unsure([1, 2, 3])] + [peaked(t) for t in (4, 5, 6, 0)])
+    verdict = rule(verify_input([9, 4, 5, 6], logits))
+    assert verdict.target_tokens.tolist() == [[1, 4, 5, 6]]
+    stats = SpecStats(new_tokens=7)  # seven tokens came before this step
+    emitted = torch.tensor([[9, 4, 5, 6, 0]])
+    stats.record_step(StepOutcome(4, 4, emitted, verdict), verdict.reasons, 4)
+    assert stats.substitutions == [[7, "window", 9, 1]]
+
+
+def test_lossless_limit_logs_no_substitution():
+    target, draft = tiny_model(4), tiny_model(14)
+    ids = torch.randint(0, TINY_VOCAB, (1, 10), generator=torch.Generator().manual_seed(4))
+    stats = generate(target, ids, assistant_model=draft, rule=SoftGate(theta_e=1.0), max_new_tokens=24,
+                     return_dict_in_generate=True).spec_stats
+    assert stats.substitutions == [] and stats.to_dict()["substitutions"] == []
 
 
 def test_theta_e_as_a_percentile_of_the_targets_own_entropy(tmp_path):
