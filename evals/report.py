@@ -104,6 +104,7 @@ def summarise(run_dir: str | Path, reference: str = "vanilla", grader: str | Non
             "reasons": _sum_reasons(rs),
             "reasons_per_position": _sum_reasons_per_position(rs),
             "new_tokens": sum(r["new_tokens"] for r in rs),
+            "at_cap": sum(r["new_tokens"] >= s["max_new_tokens"] for r in rs),
             "drafted": drafted,
             "drafted_per_position": _sum_lists(r["drafted_per_position"] for r in rs),
             "scores": _score_summary(rs),
@@ -260,11 +261,13 @@ def markdown(summary: dict) -> str:
         f"- machine: {_machines(run)}, {env.get('torch_threads', '?')} threads, torch {env.get('torch', '?')}, "
         f"transformers {env.get('transformers', '?')}; run started {env.get('date', '?')}",
         f"- accuracy with 95% Wilson intervals; speedup = {speedup} vs `{summary['reference']}`; p = exact McNemar "
-        f"test (paired, two-sided) on {summary['grader']}",
+        f"test (paired, two-sided) on {summary['grader']}; at cap = outputs that reached the "
+        f"{s['max_new_tokens']}-token cap (a rule that makes the model ramble shows here)",
         "",
         "| method | lossless | " + " | ".join(g.replace("_", "-") for g in summary["graders"])
-        + " | tau | alpha | tok/s | speedup | wall (s) | " + " | ".join(f"p vs {o}" for o in summary["paired"]) + " |",
-        "|---" * (7 + len(summary["graders"]) + len(summary["paired"])) + "|",
+        + " | tau | alpha | tok/s | speedup | at cap | wall (s) | " + " | ".join(f"p vs {o}" for o in summary["paired"])
+        + " |",
+        "|---" * (8 + len(summary["graders"]) + len(summary["paired"])) + "|",
     ]
     for name, m in summary["methods"].items():
         accs = [format_accuracy(m["accuracy"][g]) for g in summary["graders"]]
@@ -272,7 +275,7 @@ def markdown(summary: dict) -> str:
         ps = [f"{m['paired'][o]['p_value']:.3f}" if o in m["paired"] else "-" for o in summary["paired"]]
         lossless = {True: "yes", False: "no", None: "?"}[m["lossless"]]
         lines.append(f"| {name} | {lossless} | {' | '.join(accs)} | {m['tau']:.2f} | "
-                     f"{alpha} | {m['tok_s_median']:.2f} | {_speedup(m)} | {m['wall_s']:.0f} | "
+                     f"{alpha} | {m['tok_s_median']:.2f} | {_speedup(m)} | {m['at_cap']} | {m['wall_s']:.0f} | "
                      + " | ".join(ps) + " |")
     partial = [(f"- speedup of `{name}` over {m['speedup_problems']} of {summary['problems']} problems: on the "
                 f"others its row and `{summary['reference']}`'s ran on different machines") if m["speedup_problems"]

@@ -371,6 +371,7 @@ def test_substitutions_are_counted_with_digits_and_the_answers_they_cost(tmp_pat
     assert sub["rows"] == 2 and sub["count"] == 3 and sub["digits"] == 2 and sub["new_tokens"] == 20
     assert sub["problems_with_digit"] == 2 and sub["lost_with_digit"] == 1
     assert sub["common"][0] == ((" 6", " 5"), 2)
+    assert summarise(tmp_path)["methods"]["draft_alone"]["at_cap"] == 3  # run_row's 10 tokens reach the cap of 8
     assert summarise(tmp_path)["methods"]["vanilla"]["substitutions"] is None
     assert ("`draft_alone` kept 3 tokens the target would not have chosen (15.00 per 100 new tokens, over the 2 "
             "problems that logged them); 2 involve a digit, in 2 problems, of which `vanilla` solved and this "
