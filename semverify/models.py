@@ -194,10 +194,14 @@ def converted_folder(spec: PackagedModel) -> Path:
         _check_sha256(parts, spec.sha256, parts[0].name)
         _convert(parts[0], out, source=spec.alias)
         return out
-    gguf = cache_root() / "gguf" / spec.filename
-    _assemble(parts, gguf, spec.sha256)
-    _convert(gguf, out, source=spec.alias)
-    gguf.unlink()  # the parts stay installed; the assembled copy was only needed for conversion
+    # A private copy per process: two first loads at once (a test run beside a datastore build) must not
+    # delete the file the other is still reading. The parts stay installed; the copy only feeds conversion.
+    work = cache_root() / "gguf" / f"{spec.alias}.{os.getpid()}"
+    try:
+        _assemble(parts, work / spec.filename, spec.sha256)
+        _convert(work / spec.filename, out, source=spec.alias)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
     return out
 
 

@@ -1,21 +1,25 @@
 """Model loading: offline aliases, GGUF files, local folders, and the errors around them."""
 
+import os
 import time
 from pathlib import Path
 
 import pytest
 import torch
 
-from semverify import load_model
+from semverify import load_model, models
 from semverify.models import (
     OFFLINE_MODELS,
     ModelPackageMissing,
     PackagedModel,
     _assemble,
     cache_root,
+    converted_folder,
     resolve_dtype,
 )
 from tests.helpers import tiny_model
+
+HELLO_WORLD_SHA256 = "b94d27b9934d3e08a52e52d7da7dabfac484efe37a5380ee9088f7ace2efcde9"
 
 
 def test_missing_package_names_the_pip_command():
@@ -28,12 +32,41 @@ def test_assembly_checks_sha256(tmp_path):
     parts = [tmp_path / "a", tmp_path / "b"]
     parts[0].write_bytes(b"hello ")
     parts[1].write_bytes(b"world")
-    good = "b94d27b9934d3e08a52e52d7da7dabfac484efe37a5380ee9088f7ace2efcde9"  # sha256("hello world")
-    _assemble(parts, tmp_path / "out.gguf", good)
+    _assemble(parts, tmp_path / "out.gguf", HELLO_WORLD_SHA256)
     assert (tmp_path / "out.gguf").read_bytes() == b"hello world"
     with pytest.raises(ValueError, match="does not match"):
         _assemble(parts, tmp_path / "bad.gguf", "1" * 64)
     assert not list(tmp_path.glob("bad.gguf*"))
+
+
+@pytest.mark.parametrize("fails", [False, True])
+def test_first_conversion_reads_a_private_copy_and_removes_it(tmp_path, monkeypatch, fails):
+    """Two processes converting one alias at once each assemble their own GGUF, so neither deletes the
+    file the other still reads; the copy is removed after conversion, also when conversion fails."""
+    monkeypatch.setenv("SEMVERIFY_CACHE", str(tmp_path / "cache"))
+    parts = [tmp_path / "a", tmp_path / "b"]
+    parts[0].write_bytes(b"hello ")
+    parts[1].write_bytes(b"world")
+    spec = PackagedModel("fake-model", "fake.gguf", HELLO_WORLD_SHA256, ("semverify-fake==1.0",))
+    monkeypatch.setattr(PackagedModel, "part_paths", lambda self: parts)
+    read = []
+
+    def convert(gguf, out, source):
+        read.append((gguf, gguf.read_bytes()))
+        if fails:
+            raise RuntimeError("conversion failed")
+        out.mkdir(parents=True)
+        (out / "config.json").write_text("{}")
+
+    monkeypatch.setattr(models, "_convert", convert)
+    if fails:
+        with pytest.raises(RuntimeError):
+            converted_folder(spec)
+    else:
+        assert converted_folder(spec) == tmp_path / "cache" / "models" / "fake-model"
+    (gguf, data), = read
+    assert data == b"hello world" and gguf.name == "fake.gguf" and gguf.parent.name == f"fake-model.{os.getpid()}"
+    assert not gguf.parent.exists()
 
 
 def test_dtype_names():
