@@ -94,11 +94,12 @@ def pins(settings: RunSettings, methods: list[Method], context: RunContext) -> d
 
 
 def prepare_run(out: Path, settings: RunSettings, methods: list[Method], pinned: dict, pending: set[str],
-                rank: int = 0) -> None:
+                rank: int = 0, repin: bool = False) -> None:
     """Check this run against the folder's ``run.json``; rank 0 writes it (new folder) or records the
     resume. Refused: other settings, another definition of a method the run has, and a file whose
-    content changed, for the data or for a method in ``pending`` (with problems left to run). Methods
-    the run does not have yet are added (same problems and seeds, so they pair with the rows there)."""
+    content changed, for the data or for a method in ``pending`` (with problems left to run); with
+    ``repin`` a method's changed file (a datastore rebuilt on another machine) is accepted and recorded.
+    Methods the run does not have yet are added (same problems and seeds, so they pair with the rows)."""
     path = out / "run.json"
     if rank != 0:  # shards check against what rank 0 wrote
         for _ in range(600):
@@ -122,13 +123,20 @@ def prepare_run(out: Path, settings: RunSettings, methods: list[Method], pinned:
     before = old.get("pins", {"data": {}, "methods": {}})
     checked = [("the data", before["data"], pinned["data"])] + [
         (f"method {name!r}", before["methods"].get(name, {}), pinned["methods"].get(name, {})) for name in pending]
-    for who, then, now in checked:
-        for file, digest in now.items():
-            if then.get(file, digest) != digest:
-                raise ValueError(f"{file} ({who}) changed since this run started (sha256 {then[file][:12]}... then, "
-                                 f"{digest[:12]}... now); restore it or start a new --out")
+    moved = [{"file": file, "for": who, "then": then[file], "now": digest}
+             for who, then, now in checked for file, digest in now.items() if then.get(file, digest) != digest]
+    for change in moved:
+        if not repin or change["for"] == "the data":
+            hint = "" if change["for"] == "the data" else ", or pass --repin to go on with the new file"
+            raise ValueError(f"{change['file']} ({change['for']}) changed since this run started (sha256 "
+                             f"{change['then'][:12]}... then, {change['now'][:12]}... now); restore it{hint} "
+                             "or start a new --out")
     if rank != 0:
         return
+    if moved:
+        print(f"semverify compare: --repin: going on with {len(moved)} changed file(s), recorded in {path}",
+              file=sys.stderr)
+        old.setdefault("repinned", []).append({"files": moved, "environment": environment(**asdict(settings))})
     if old.get("environment", {}).get("code") != (code := code_version()):
         print(f"semverify compare: resuming {out}, started with code {old.get('environment', {}).get('code')}, "
               f"with code {code}", file=sys.stderr)
@@ -150,8 +158,9 @@ def _write_json(path: Path, data: dict) -> None:
     os.replace(tmp, path)
 
 
-def compare(settings: RunSettings, methods: list[Method], out: str | Path) -> Path:
-    """Run ``methods`` on the benchmark's problems, appending rows to ``out``; returns the run folder."""
+def compare(settings: RunSettings, methods: list[Method], out: str | Path, repin: bool = False) -> Path:
+    """Run ``methods`` on the benchmark's problems, appending rows to ``out``; returns the run folder
+    (``repin``: resume although a method's pinned file changed, see ``prepare_run``)."""
     out = Path(out)
     bench = get_benchmark(settings.benchmark)
     problems = bench.load(settings.data, settings.limit, offset=settings.offset or 0)  # fails before models load
@@ -163,7 +172,8 @@ def compare(settings: RunSettings, methods: list[Method], out: str | Path) -> Pa
         mine = problems[rank::world]
         todo = [(p, m) for p in mine for m in (methods if p.id % 2 == 0 else methods[::-1])
                 if (p.id, m.name) not in done]
-        prepare_run(out, settings, methods, pins(settings, methods, context), {m.name for _, m in todo}, rank)
+        prepare_run(out, settings, methods, pins(settings, methods, context), {m.name for _, m in todo}, rank,
+                    repin)
         if todo:
             _run(settings, methods, todo, bench, writer, rank, world)
     return out

@@ -67,6 +67,9 @@ def add_run_args(p: argparse.ArgumentParser, limit: int) -> None:
                    help="problems decoded together per method (default 1); speedups are then ratios of total "
                         "tokens/s, since a problem's time includes its batch's")
     p.add_argument("--out", required=True, help="run folder; rerun the same command to resume")
+    p.add_argument("--repin", action="store_true",
+                   help="resume although a method's datastore, calibration or probe file changed since the run "
+                        "started (e.g. a store rebuilt on another machine); run.json records both hashes")
 
 
 def checked_run(args: argparse.Namespace, methods: str | None, configs: list[str] | None):

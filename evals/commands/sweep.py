@@ -37,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
         out = args.out
     else:
         run_settings, methods = checked_run(args, ",".join(references + settings), None)
-        out = compare(run_settings, methods, args.out)
+        out = compare(run_settings, methods, args.out, repin=args.repin)
     print(write(frontier(out, settings, references[0], args.keep), out))
     return 0
 

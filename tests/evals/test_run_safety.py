@@ -90,3 +90,21 @@ def test_rows_without_a_machine_are_timed_only_in_a_run_that_never_moved(tmp_pat
             writer.write(run_row(i, "pld", 8.0))
     pld = summarise(tmp_path)["methods"]["pld"]
     assert pld["speedup_problems"] == timed and pld["speedup_median"] == (2.0 if timed else 0.0)
+
+
+def test_a_rebuilt_store_is_refused_unless_repinned_and_then_recorded(tmp_path):
+    from evals.runner import RunSettings, prepare_run
+
+    settings, methods = RunSettings(target="t", draft="d"), [get_method("vanilla")]
+    pins = lambda store, data="aa": {"data": {"dev.jsonl": data}, "methods": {"vanilla": {"ds.pt": store}}}  # noqa: E731
+    prepare_run(tmp_path, settings, methods, pins("11"), {"vanilla"})
+    with pytest.raises(ValueError, match=r"ds.pt \(method 'vanilla'\) changed .* pass --repin"):
+        prepare_run(tmp_path, settings, methods, pins("22"), {"vanilla"})
+    with pytest.raises(ValueError, match=r"dev.jsonl \(the data\) changed"):  # never for the problems themselves
+        prepare_run(tmp_path, settings, methods, pins("22", data="bb"), {"vanilla"}, repin=True)
+    prepare_run(tmp_path, settings, methods, pins("22"), {"vanilla"}, repin=True)
+    run = json.loads((tmp_path / "run.json").read_text())
+    assert run["pins"]["methods"]["vanilla"] == {"ds.pt": "22"}
+    (record,) = run["repinned"]
+    assert record["files"] == [{"file": "ds.pt", "for": "method 'vanilla'", "then": "11", "now": "22"}]
+    prepare_run(tmp_path, settings, methods, pins("22"), {"vanilla"})  # the new file is the pin from now on
