@@ -281,9 +281,10 @@ def parse_method(text: str, context: RunContext | None = None) -> Method:
 
 
 def load_methods(spec: str | None = None, config: str | Path | list[str | Path] | None = None,
-                 context: RunContext | None = None) -> list[Method]:
+                 context: RunContext | None = None, only: str | None = None) -> list[Method]:
     """Methods from a comma-separated list and/or JSON configs ``{"methods": [{name, drafter, rule, ...}]}``
-    (one path or several, read in order, so a run can combine a shared set with its own extras)."""
+    (one path or several, read in order, so a run can combine a shared set with its own extras); ``only``
+    (comma-separated names) keeps just those, e.g. to resume part of a run with the run's own configs."""
     methods = [parse_method(t, context) for t in _split(spec)] if spec else []
     for path in map(Path, [config] if isinstance(config, (str, Path)) else config or []):
         if not path.is_file():
@@ -298,7 +299,18 @@ def load_methods(spec: str | None = None, config: str | Path | list[str | Path] 
     names = [m.name for m in methods]
     if len(set(names)) != len(names):
         raise ValueError(f"method names must be unique, got {names}")
-    return methods
+    return _select(methods, only) if only is not None else methods
+
+
+def _select(methods: list[Method], only: str) -> list[Method]:
+    """The methods named in ``only``, in that order; a name not among them is an error naming it."""
+    by_name = {m.name: m for m in methods}
+    wanted = [n.strip() for n in only.split(",") if n.strip()]
+    unknown = [n for n in wanted if n not in by_name]
+    if unknown or not wanted:
+        raise ValueError(f"--only names {', '.join(unknown) or 'no method'}; the methods given are "
+                         f"{', '.join(by_name)}")
+    return [by_name[n] for n in dict.fromkeys(wanted)]
 
 
 def _split(spec: str) -> list[str]:

@@ -72,7 +72,7 @@ def add_run_args(p: argparse.ArgumentParser, limit: int) -> None:
                         "started (e.g. a store rebuilt on another machine); run.json records both hashes")
 
 
-def checked_run(args: argparse.Namespace, methods: str | None, configs: list[str] | None):
+def checked_run(args: argparse.Namespace, methods: str | None, configs: list[str] | None, only: str | None = None):
     """(RunSettings, methods) from a run's arguments, every input error raised before a model loads."""
     from evals.benchmarks import get_benchmark
     from evals.runner import RunSettings
@@ -93,7 +93,7 @@ def checked_run(args: argparse.Namespace, methods: str | None, configs: list[str
         tokenizer = load_tokenizer(args.target)
     except ModelLoadError:
         tokenizer = None  # methods are checked without it; loading the target then reports the problem
-    chosen = load_methods(methods, configs, settings.context(tokenizer))
+    chosen = load_methods(methods, configs, settings.context(tokenizer), only)
     unbatched = [m.name for m in chosen if (args.batch_size or 1) > 1 and not drafter_kind(m.drafter).batches]
     if unbatched:
         raise ValueError(f"methods {', '.join(unbatched)} draft for one sequence at a time (whole steps, retrieval "

@@ -59,6 +59,17 @@ def test_method_configs_combine_in_order():
     assert load_methods(None, str(configs[1])) == methods[1:]  # one path alone, as a string
 
 
+def test_only_picks_named_methods_from_the_configs():
+    configs = [REPO / "evals/configs/gsm8k-sense.json", REPO / "evals/configs/gsm8k-sense-id.json"]
+    everything = {m.name: m for m in load_methods(None, configs)}
+    picked = load_methods("sd", configs, only="sense_id, vanilla,rest_id,vanilla")
+    assert picked == [everything["sense_id"], everything["vanilla"], everything["rest_id"]]
+    with pytest.raises(ValueError, match="--only names nope, sdd; the methods given are sd, vanilla, pld"):
+        load_methods("sd", configs, only="sd,nope,sdd")
+    with pytest.raises(ValueError, match="--only names no method"):
+        load_methods("sd", only=" , ")
+
+
 def test_drafter_settings_are_checked_against_the_drafter_kind():
     m = parse_method("sense:drafter.max_nodes=24,drafter.num_candidates=4,theta_e=0.1")
     assert m.drafter_params == {"max_nodes": 24, "num_candidates": 4} and m.rule_params == {"theta_e": 0.1}
