@@ -305,7 +305,7 @@ def load_methods(spec: str | None = None, config: str | Path | list[str | Path] 
 def _select(methods: list[Method], only: str) -> list[Method]:
     """The methods named in ``only``, in that order; a name not among them is an error naming it."""
     by_name = {m.name: m for m in methods}
-    wanted = [n.strip() for n in only.split(",") if n.strip()]
+    wanted = _split(only)
     unknown = [n for n in wanted if n not in by_name]
     if unknown or not wanted:
         raise ValueError(f"--only names {', '.join(unknown) or 'no method'}; the methods given are "

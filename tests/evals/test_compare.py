@@ -70,6 +70,12 @@ def test_only_picks_named_methods_from_the_configs():
         load_methods("sd", only=" , ")
 
 
+def test_only_keeps_commas_inside_a_methods_parameters():
+    named = "typical:posterior_threshold=0.2,posterior_alpha=0.1"
+    picked = load_methods(f"sd,{named}", only=named)
+    assert [m.name for m in picked] == [named]
+
+
 def test_drafter_settings_are_checked_against_the_drafter_kind():
     m = parse_method("sense:drafter.max_nodes=24,drafter.num_candidates=4,theta_e=0.1")
     assert m.drafter_params == {"max_nodes": 24, "num_candidates": 4} and m.rule_params == {"theta_e": 0.1}
