@@ -20,7 +20,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .grading import CODE_GRADERS, GRADERS, MATH_GRADERS, grade, grade_code, grade_math
+from .grading import CODE_GRADERS, GRADERS, MATH_GRADERS, extract_strict, grade, grade_code, grade_math, last_boxed
 
 DATA = Path(__file__).parent / "data"
 TRAIN = DATA / "gsm8k_train.jsonl.gz"
@@ -133,12 +133,26 @@ class Benchmark:
     def grade(self, output: str, problem: Problem) -> dict[str, bool]:
         raise NotImplementedError
 
-    def regrade(self, row: dict) -> dict:
-        """A run row with its grades from today's graders, so rows written before a grader changed compare
-        fairly with newer ones; benchmarks whose grading needs more than the row holds keep the stored grades."""
+    def answered(self, output: str) -> bool:
+        """Whether ``output`` states its final answer explicitly (the marker its strict grader reads)."""
+        return True
+
+    def grade_output(self, output: str, problem: Problem, capped: bool) -> dict[str, bool]:
+        """Every grade of ``output``; one cut off at the token cap (``capped``) without an explicit final
+        answer is no answer under every grader, so a last number reached mid-reasoning never scores."""
+        grades = self.grade(output, problem)
+        if capped and not self.answered(output):
+            return dict.fromkeys(grades, False)
+        return grades
+
+    def regrade(self, row: dict, cap: int | None = None) -> dict:
+        """A run row with its grades from today's graders (``cap``: the run's max_new_tokens), so rows written
+        before a grader changed compare fairly with newer ones; benchmarks whose grading needs more than the
+        row holds keep the stored grades."""
         if not self.text_graded:
             return row
-        return {**row, "grades": self.grade(row["output"], Problem(row["id"], "", row["gold"]))}
+        capped = cap is not None and row["new_tokens"] >= cap
+        return {**row, "grades": self.grade_output(row["output"], Problem(row["id"], "", row["gold"]), capped)}
 
 
 class GSM8K(Benchmark):
@@ -168,6 +182,9 @@ class GSM8K(Benchmark):
 
     def grade(self, output: str, problem: Problem) -> dict[str, bool]:
         return grade(output, problem.answer)
+
+    def answered(self, output: str) -> bool:
+        return extract_strict(output) is not None
 
     def worked_examples(self, tokenizer, source: str = "auto", limit: int | None = 200,
                         template: str = "chat") -> list[tuple[str, str]]:
@@ -202,6 +219,9 @@ class MATH500(Benchmark):
 
     def grade(self, output: str, problem: Problem) -> dict[str, bool]:
         return grade_math(output, problem.answer)
+
+    def answered(self, output: str) -> bool:
+        return last_boxed(output) is not None
 
 
 class HumanEval(Benchmark):

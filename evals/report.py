@@ -65,7 +65,9 @@ def summarise(run_dir: str | Path, reference: str = "vanilla", grader: str | Non
     cpus = _run_cpus(run)
     only_cpu = cpus[0] if len(cpus) == 1 and cpus[0] != "?" else None
     finished = set(ids)
-    by = {k: {**bench.regrade(r), "machine": r.get("machine", only_cpu)} for k, r in by.items() if k[0] in finished}
+    uncapped = {k: bench.regrade(r)["grades"] for k, r in by.items() if k[0] in finished}
+    by = {k: {**bench.regrade(r, s["max_new_tokens"]), "machine": r.get("machine", only_cpu)}
+          for k, r in by.items() if k[0] in finished}
     batched = (s.get("batch_size") or 1) > 1
     grader = grader or bench.main_grader
     if grader not in bench.graders:
@@ -105,6 +107,8 @@ def summarise(run_dir: str | Path, reference: str = "vanilla", grader: str | Non
             "reasons_per_position": _sum_reasons_per_position(rs),
             "new_tokens": sum(r["new_tokens"] for r in rs),
             "at_cap": sum(r["new_tokens"] >= s["max_new_tokens"] for r in rs),
+            # rows whose grade the cap rule changed: cut off without a final answer, yet the last number matched
+            "cap_regraded": sum(uncapped[(i, m.name)][grader] != r["grades"][grader] for i, r in zip(ids, rs)),
             "drafted": drafted,
             "drafted_per_position": _sum_lists(r["drafted_per_position"] for r in rs),
             "scores": _score_summary(rs),
@@ -282,8 +286,20 @@ def markdown(summary: dict) -> str:
                else (f"- no speedup for `{name}` (nor a point in the plot): none of its rows ran on the machine of "
                      f"`{summary['reference']}`'s row for the same problem")
                for name, m in summary["methods"].items() if m["speedup_problems"] < summary["problems"]]
-    return "\n".join(lines + ([""] + partial if partial else []) + _by_machine(summary) + _time_per_step(summary)
+    return "\n".join(lines + ([""] + partial if partial else []) + _cap_regraded(summary) + _by_machine(summary)
+                     + _time_per_step(summary)
                      + _identical(summary) + _groups(summary) + _rule_events(summary)) + "\n"
+
+
+def _cap_regraded(summary: dict) -> list[str]:
+    """Which rows the cap rule regraded: cut off without a final answer, their last number matched the gold."""
+    changed = {name: m["cap_regraded"] for name, m in summary["methods"].items() if m.get("cap_regraded")}
+    if not changed:
+        return ["", f"- no {summary['grader']} grade changed by the cap rule (an output cut off at the cap without a "
+                "final answer is no answer)"]
+    listed = ", ".join(f"`{name}` {n}" for name, n in changed.items())
+    return ["", f"- graded wrong as cut off at the cap without a final answer (their last number matched): {listed} "
+            f"row(s) on {summary['grader']}"]
 
 
 def _time_per_step(summary: dict) -> list[str]:

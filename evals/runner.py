@@ -22,6 +22,7 @@ import torch
 from tqdm import tqdm
 
 from semverify import NoDrafter, generate, load_model
+from semverify.coupling import CoupledNoise
 from semverify.models import load_tokenizer
 from semverify.registry import DraftResources, Method, RunContext, make_drafter
 from semverify.sense import Datastore
@@ -51,6 +52,7 @@ class RunSettings:
     datastore: str | None = None  # retrieval drafters' datastore file (semverify datastore)
     offset: int | None = None  # problems from this position on (None: from the first; runs before it resume)
     batch_size: int | None = None  # problems decoded together per method (None: one at a time)
+    coupled: bool | None = None  # sampled runs: coupled Gumbel noise per (problem, position) (None: torch streams)
 
     def context(self, tokenizer=None) -> RunContext:
         return RunContext.for_decoding(self.draft, self.target, self.do_sample, self.temperature, tokenizer)
@@ -238,7 +240,7 @@ def run_batch(problems: list[Problem], method: Method, rule, settings: RunSettin
     ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
     seeds = [settings.seed * 1_000_003 + p.id for p in problems]  # the same draws for every method on a problem
-    streams = [torch.Generator().manual_seed(seed) for seed in seeds]
+    streams = [CoupledNoise(seed) if settings.coupled else torch.Generator().manual_seed(seed) for seed in seeds]
     kwargs = dict(max_new_tokens=settings.max_new_tokens, do_sample=settings.do_sample, return_dict_in_generate=True,
                   generator=streams[0] if len(problems) == 1 else streams, rule=rule, num_assistant_tokens=method.k,
                   tokenizer=tokenizer, attention_mask=mask if len(problems) > 1 else None, pad_token_id=pad)
@@ -255,18 +257,20 @@ def run_batch(problems: list[Problem], method: Method, rule, settings: RunSettin
     batch = ({"first": problems[0].id, "size": len(problems), "wall": wall, "tokens": result.spec_stats.new_tokens}
              if len(problems) > 1 else None)
     return [problem_row(problem, method, seed, result.sequences[i, width : width + stats.new_tokens], stats,
-                        tokenizer, batch, bench)
+                        tokenizer, batch, bench, settings.max_new_tokens)
             for i, (problem, seed, stats) in enumerate(zip(problems, seeds, row_stats))]
 
 
 def problem_row(problem: Problem, method: Method, seed: int, new: torch.LongTensor, stats, tokenizer,
-                batch: dict | None, bench) -> dict:
-    """One problem's JSONL row: output, grades and statistics (and its batch's size, wall time and tokens)."""
+                batch: dict | None, bench, cap: int) -> dict:
+    """One problem's JSONL row: output, grades (an output of ``cap`` tokens was cut off) and statistics (and
+    its batch's size, wall time and tokens)."""
     text = tokenizer.decode(new, skip_special_tokens=True)
     row = {
         "id": problem.id, "method": method.name, "seed": seed, "gold": problem.answer, "output": text,
         "output_ids": new.tolist(),
-        "grades": bench.grade(text, problem), "new_tokens": len(new), "steps": stats.steps,
+        "grades": bench.grade_output(text, problem, capped=len(new) >= cap), "new_tokens": len(new),
+        "steps": stats.steps,
         "drafted": stats.drafted, "accepted": stats.accepted, "tau": stats.tau, "alpha": stats.alpha,
         "accept_lengths": stats.accept_lengths, "draft_lengths": stats.draft_lengths,
         "drafted_per_position": stats.drafted_per_position,

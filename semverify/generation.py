@@ -10,6 +10,7 @@ import torch
 from transformers import GenerationConfig, LogitsProcessorList, PreTrainedModel, StoppingCriteriaList
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
+from .coupling import is_coupled
 from .drafters import Drafter
 from .generation_config import processors, refuse_unsupported, setting
 from .generation_config import stopping_criteria as build_criteria
@@ -115,13 +116,16 @@ def row_generators(generator: torch.Generator | list[torch.Generator] | None, ba
                    device: torch.device | str = "cpu") -> torch.Generator | list[torch.Generator]:
     """The random streams of a call: ``generator`` as given for one row (a fresh one seeded from torch's
     global RNG when None), else one per row, each seeded from ``generator`` (or the global RNG) in row
-    order, so a row's draws do not depend on the other rows' content."""
+    order, so a row's draws do not depend on the other rows' content. One
+    :class:`~semverify.coupling.CoupledNoise` for a batch gives each row noise derived from it."""
     if isinstance(generator, (list, tuple)):
         if len(generator) != batch:
             raise ValueError(f"pass one generator per row: got {len(generator)} for a batch of {batch}")
         return list(generator)
     if batch == 1 and generator is not None:
         return generator
+    if is_coupled(generator):  # one noise for a batch: each row its own, derived in row order
+        return [generator.row(i) for i in range(batch)]
     seeds = [int(torch.randint(2**62, (1,), generator=generator)) for _ in range(batch)]
     streams = [torch.Generator(device=device).manual_seed(seed) for seed in seeds]
     return streams[0] if batch == 1 else streams

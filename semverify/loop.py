@@ -18,6 +18,7 @@ import torch
 from transformers import PreTrainedModel, StoppingCriteriaList
 
 from .cache import RowCache, keep_first
+from .coupling import at_offset, is_coupled
 from .drafters.base import Drafter, PerRowDrafter
 from .rules import AcceptanceRule
 from .sampling import Sampler
@@ -87,10 +88,10 @@ def speculative_generate(
             t0 = time.perf_counter()
             ks = [min(num_draft_tokens, max_new_tokens - len(new[r]) - 1) for r in active]
             sequences = [torch.cat([prompts[r], torch.tensor(new[r], dtype=torch.long)]) for r in active]
-            gens = [streams[r] for r in active]
+            gens = [at_offset(streams[r], len(new[r])) for r in active]  # coupled noise: at this step's position
             draft = (rows.propose_rows(sequences, ks, sampler, gens) if max(ks) > 0
                      else Draft.empty(len(active), input_ids.device))
-            _check_draft(draft, ks, rule, sampler)
+            _check_draft(draft, ks, rule, sampler, is_coupled(gens[0]))
             # 2. verify: one target forward over the unseen tokens and the drafts, then the rule per row
             t1 = time.perf_counter()
             start = cache.length + pending.shape[1]  # the draft's tokens enter the cache here
@@ -99,7 +100,7 @@ def speculative_generate(
             cache.extend(new_valid)
             hidden = out.hidden_states[-1][:, -(draft.length + 1) :] if want_hidden else None
             x = VerifyInput(draft, sampler.warp(out.logits, sequences, draft.tokens), sampler.do_sample, hidden,
-                            gens[0] if batch == 1 else gens,
+                            gens[0] if len(gens) == 1 else gens,
                             extend=extender(target, cache) if batch == 1 and not draft.is_tree else None)
             paths, verdict = verify_rows(rule, x)
             t2 = time.perf_counter()
@@ -308,13 +309,13 @@ def _check_call(drafter, rule, num_draft_tokens, max_new_tokens, batch, streamer
         raise ValueError("a streamer takes one sequence, as in transformers; decode with batch size 1 to stream")
 
 
-def _check_draft(draft: Draft, ks: list[int], rule: AcceptanceRule, sampler: Sampler) -> None:
+def _check_draft(draft: Draft, ks: list[int], rule: AcceptanceRule, sampler: Sampler, coupled: bool) -> None:
     k = max(ks)
     if draft.is_tree:
         if sampler.processors is not None:
             raise NotImplementedError("logits processors (repetition_penalty, min_new_tokens, ...) are applied to "
                                       "chain drafts; use a chain drafter with them")
-        if sampler.do_sample and not hasattr(rule, "verify_tree"):
+        if sampler.do_sample and not coupled and not hasattr(rule, "verify_tree"):
             raise NotImplementedError(f"rule {rule.name!r} judges tree drafts path by path, which is exact for "
                                       "greedy decoding only; sample over trees with rule='speculative', or use "
                                       "do_sample=False or a chain drafter")

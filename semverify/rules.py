@@ -11,6 +11,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
+from .coupling import is_coupled
 from .sampling import sample_from, uniform
 from .types import Verdict, VerifyInput
 
@@ -45,7 +46,10 @@ def at_position(t: torch.Tensor, pos: torch.LongTensor) -> torch.Tensor:
 
 
 def target_choices(x: VerifyInput) -> torch.LongTensor:
-    """The target's own token at each of the k+1 positions: argmax, or a draw when sampling."""
+    """The target's own token at each of the k+1 positions: argmax, or a draw when sampling (with coupled
+    noise, the Gumbel-max of the warped logits at each position: the token the target alone would emit)."""
+    if is_coupled(x.generator):
+        return x.generator.choose(x.target_logits)
     if x.do_sample:
         return sample_from(x.target_probs, x.generator)
     return x.target_logits.argmax(dim=-1)
@@ -75,7 +79,10 @@ class SpeculativeSampling:
     """Leviathan/Chen rejection sampling: accept x with prob min(1, p(x)/q(x)), else draw from (p-q)+.
 
     With no draft probabilities (a deterministic proposer) q is one-hot, so x is kept with prob p(x)
-    and a rejection draws from p with x removed. Under greedy decoding this is :class:`GreedyMatch`.
+    and a rejection draws from p with x removed. Under greedy decoding this is :class:`GreedyMatch`, and
+    so it is under coupled noise (:mod:`semverify.coupling`): drafts are kept while they equal the
+    coupled target token, which makes the output the target alone's whatever the drafter (trees too,
+    path by path), at the cost of accepting less than min(1, p/q) when the draft did not share the noise.
     A sampled token tree is verified sibling by sibling with the same one-hot test
     (:meth:`verify_tree`); a subclass that changes the test must change that too.
     """
@@ -86,7 +93,7 @@ class SpeculativeSampling:
     needs_hidden_states = False
 
     def __call__(self, x: VerifyInput) -> Verdict:
-        if not x.do_sample:
+        if not x.do_sample or is_coupled(x.generator):
             return GreedyMatch()(x)
         n = leading_true(ratio_test(x))
         return Verdict(n, draw_after(x, n), {"ratio": prefix_mask(n, x.k)})
@@ -156,11 +163,12 @@ class TypicalAcceptance:
     def __call__(self, x: VerifyInput) -> Verdict:
         tokens, k = x.draft.tokens, x.k
         p = x.target_probs[:, :k]
-        top = x.target_logits[:, :k].argmax(dim=-1)
+        choice = target_choices(x)
+        # the token a draft must equal: the argmax (Medusa), or under coupled noise the target's own token
+        top = choice[:, :k] if is_coupled(x.generator) else x.target_logits[:, :k].argmax(dim=-1)
         exact = tokens == top
         p_x = p.gather(-1, tokens[..., None]).squeeze(-1)
         bound = torch.clamp(self.posterior_alpha * torch.exp(-entropy(p)), max=self.posterior_threshold)
         n = leading_true(exact | (p_x > bound))
         kept = prefix_mask(n, k)
-        choice = target_choices(x)
         return Verdict(n, at_position(choice, n), {"exact": kept & exact, "typical": kept & ~exact}, target_tokens=top)

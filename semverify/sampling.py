@@ -8,6 +8,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from .coupling import TARGET_STREAM, CoupledNoise, is_coupled
+
 
 @dataclass(frozen=True)
 class Sampler:
@@ -90,15 +92,22 @@ class Sampler:
         return sample_from(self.probs(logits), generator)
 
 
-Generators = torch.Generator | Sequence[torch.Generator] | None  # one stream, or one per batch row
+Generators = torch.Generator | CoupledNoise | Sequence[torch.Generator | CoupledNoise] | None  # one, or one per row
 
 
-def sample_from(probs: torch.Tensor, generator: Generators = None) -> torch.Tensor:
+def sample_from(probs: torch.Tensor, generator: Generators = None, positions=None,
+                stream: int = TARGET_STREAM) -> torch.Tensor:
     """Draw one index per row of a [..., V] probability tensor (rows need not be normalised).
 
     With one generator per batch row (dimension 0), each row draws from its own stream exactly what it
-    would draw alone, so a row's output does not depend on the rows beside it.
+    would draw alone, so a row's output does not depend on the rows beside it. With
+    :class:`~semverify.coupling.CoupledNoise` the draw is the Gumbel-max at the rows' output
+    ``positions`` (relative to the step) in noise ``stream``.
     """
+    if is_coupled(generator):
+        if positions is None:
+            raise ValueError("a coupled draw needs the positions of the tokens it draws")
+        return generator.choose(torch.log(probs.float()), positions, stream)
     if isinstance(generator, Sequence):
         return torch.stack([sample_from(p, g) for p, g in zip(probs, generator)])
     flat = probs.reshape(-1, probs.shape[-1])
@@ -107,7 +116,10 @@ def sample_from(probs: torch.Tensor, generator: Generators = None) -> torch.Tens
 
 def uniform(shape: tuple[int, ...], generator: Generators = None,
             device: torch.device | str | None = None) -> torch.Tensor:
-    """Uniform [0, 1) draws of ``shape``; with one generator per row of dimension 0, row by row."""
+    """Uniform [0, 1) draws of ``shape``; with one generator per row of dimension 0, row by row (coupled
+    noise: its auxiliary stream at the step's first position)."""
+    if is_coupled(generator):
+        generator = generator.generator()
     if isinstance(generator, Sequence):
         return torch.stack([torch.rand(shape[1:], generator=g, device=device) for g in generator])
     return torch.rand(shape, generator=generator, device=device)

@@ -16,6 +16,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from .cache import UnsupportedCacheError
+from .coupling import is_coupled
 from .rules import AcceptanceRule
 from .sampling import sample_from, uniform
 from .types import Draft, Verdict, VerifyInput
@@ -100,7 +101,7 @@ def verify_paths(rule: AcceptanceRule, x: VerifyInput) -> tuple[list[int], Verdi
     draft = x.draft
     if not draft.is_tree:
         return list(range(draft.length)), rule(x)
-    if x.do_sample:
+    if x.do_sample and not is_coupled(x.generator):  # coupled noise is matched path by path, as greedy is
         return rule.verify_tree(x)
     best: tuple[list[int], Verdict] | None = None
     for path in leaf_paths(draft.parents):

@@ -60,6 +60,10 @@ def add_run_args(p: argparse.ArgumentParser, limit: int) -> None:
     p.add_argument("--top-k", type=int, default=None)
     p.add_argument("--top-p", type=float, default=None)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--coupled", action="store_const", const=True, default=None,
+                   help="with --do-sample: draw every target token as the Gumbel-max under noise keyed by (problem "
+                        "seed, position), the same for every method, so lossless methods equal vanilla token for "
+                        "token and a lossy rule differs only where it decides otherwise (paired comparisons)")
     p.add_argument("--datastore", default=None,
                    help="datastore file for the retrieval methods (rest, dresd, sense, ...); see `semverify "
                         "datastore`. A method may name its own: sense:drafter.datastore=FILE")
@@ -83,8 +87,10 @@ def checked_run(args: argparse.Namespace, methods: str | None, configs: list[str
         target=args.target, draft=args.draft, dtype=args.dtype, benchmark=args.benchmark, data=args.data,
         template=args.template, limit=args.limit, max_new_tokens=args.max_new_tokens, do_sample=args.do_sample,
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed, datastore=args.datastore,
-        offset=args.offset, batch_size=args.batch_size,
+        offset=args.offset, batch_size=args.batch_size, coupled=args.coupled,
     )
+    if args.coupled and not args.do_sample:
+        raise ValueError("--coupled couples sampled runs; add --do-sample (greedy runs are paired already)")
     bench = get_benchmark(args.benchmark)
     bench.check_template(args.template)
     if not bench.load(args.data, args.limit, offset=args.offset or 0):

@@ -116,7 +116,8 @@ class ModelDrafter(BaseDrafter):
             if keep_hidden:
                 hidden.append(out.hidden_states[-1][:, -1])
             for row in (r for r in range(batch) if drafting[r]):  # each row draws from its own stream
-                token = sample_from(q[row : row + 1], generators[row])[0] if sampler.do_sample else logits[row].argmax()
+                token = (sample_from(q[row : row + 1], generators[row], positions=j)[0] if sampler.do_sample
+                         else logits[row].argmax())
                 tokens[row, j] = token
                 lengths[row] += 1
                 row_tokens = tokens[row, : lengths[row]].tolist()

@@ -12,7 +12,17 @@ import math
 
 import torch
 
-from ..rules import SpeculativeSampling, at_position, draw_after, entropy, leading_true, prefix_mask, ratio_test
+from ..coupling import RESAMPLE_STREAM, is_coupled
+from ..rules import (
+    SpeculativeSampling,
+    at_position,
+    draw_after,
+    entropy,
+    leading_true,
+    prefix_mask,
+    ratio_test,
+    target_choices,
+)
 from ..sampling import sample_from
 from ..types import Verdict, VerifyInput
 
@@ -26,7 +36,10 @@ class EntropyAwareRule:
     divides them by log|V|, so thresholds then lie in [0, 1]). After a penalty the token comes from
     the target with the draft token removed (``resample="target"``; greedy: the target's second
     choice) or from the SD residual of that distribution (``resample="residual"``). With either
-    threshold at +inf the rule is exactly :class:`~semverify.rules.SpeculativeSampling`.
+    threshold at +inf the rule is exactly :class:`~semverify.rules.SpeculativeSampling`. Under coupled noise
+    (:mod:`semverify.coupling`) acceptance is drafter-invariant (a draft token is kept while it equals the
+    coupled target token) instead of min(1, p/q), and the penalty's resample is the Gumbel-max of the
+    target's distribution without the draft token under a second noise stream.
     """
 
     name = "easd"
@@ -89,17 +102,19 @@ class EntropyAwareRule:
             raise ValueError("the easd rule needs the draft distribution q; use a model drafter, not a "
                              "deterministic one (prompt lookup, retrieval)")
         tokens, k = x.draft.tokens, x.k
-        if x.do_sample:
+        coupled = is_coupled(x.generator)
+        if x.do_sample and not coupled:
             accept, reason = ratio_test(x), "ratio"
-        else:
-            accept, reason = tokens == x.target_logits[:, :k].argmax(dim=-1), "exact"
+        else:  # greedy, or coupled: the target's own token decides (drafter-invariant acceptance)
+            choice = target_choices(x)
+            accept, reason = tokens == choice[:, :k], "exact"
         n_sd = leading_true(accept)
         n = leading_true(accept & ~self.uncertain_agreement(q, x.target_probs[:, :k]))
         penalised = n < n_sd
         if bool(penalised.all()):  # (batch 1) only the penalty's draw is made
             next_token = self._penalty_token(x, n)
         else:
-            next_token = draw_after(x, n) if x.do_sample else at_position(x.target_logits.argmax(dim=-1), n)
+            next_token = draw_after(x, n) if x.do_sample and not coupled else at_position(choice, n)
             if bool(penalised.any()):
                 next_token = torch.where(penalised, self._penalty_token(x, n), next_token)
         penalty = prefix_mask(n + 1, k) & ~prefix_mask(n, k) & penalised[:, None]
@@ -116,4 +131,5 @@ class EntropyAwareRule:
         if self.resample == "residual":
             res = (without - at_position(x.draft.probs, at)).clamp_min(0.0)
             without = torch.where(res.sum(-1, keepdim=True) > 0, res, without)
-        return sample_from(torch.where(without.sum(-1, keepdim=True) > 0, without, p_n), x.generator)
+        return sample_from(torch.where(without.sum(-1, keepdim=True) > 0, without, p_n), x.generator, positions=n,
+                           stream=RESAMPLE_STREAM)

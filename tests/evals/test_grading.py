@@ -143,3 +143,21 @@ def test_math500_graders(output, gold, boxed, math_verify):
 def test_last_boxed_handles_nested_braces():
     assert grading.last_boxed("x \\boxed{\\frac{1}{2}} y") == "\\frac{1}{2}"
     assert grading.last_boxed("\\boxed{unclosed") is None and grading.last_boxed("none") is None
+
+
+def test_an_output_cut_off_at_the_cap_without_a_final_answer_is_no_answer():
+    from evals.benchmarks import Problem, get_benchmark
+
+    gsm8k, math500 = get_benchmark("gsm8k"), get_benchmark("math500")
+    problem = Problem(7, "", "110")
+    rambling = "First we add the 50 from before: 50 + 60 = 110"  # cut mid-reasoning at 110
+    assert gsm8k.grade_output(rambling, problem, capped=False)["flexible"]  # finished: the last number counts
+    assert not any(gsm8k.grade_output(rambling, problem, capped=True).values())
+    answered = rambling + " the total is 110.\nFinal Answer: 110\nLet me double-check"
+    assert all(gsm8k.grade_output(answered, problem, capped=True).values())
+    boxed = Problem(0, "", "\\frac{1}{2}")
+    assert not any(math500.grade_output("so it is 1/2 and", boxed, capped=True).values())
+    assert all(math500.grade_output("so \\boxed{\\frac{1}{2}} and", boxed, capped=True).values())
+    row = {"id": 7, "gold": "110", "output": rambling, "new_tokens": 512, "grades": {}}
+    assert not any(gsm8k.regrade(row, cap=512)["grades"].values())
+    assert gsm8k.regrade(row, cap=1024)["grades"]["flexible"]

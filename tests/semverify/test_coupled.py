@@ -1,0 +1,169 @@
+"""Coupled sampling: the Gumbel-max noise draws the warped distribution, lossless methods reproduce the
+target alone token for token whatever the drafter, and lossy rules at their lossless limit do too."""
+
+import math
+
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from semverify import (
+    HybridDrafter,
+    ModelDrafter,
+    ModelTreeDrafter,
+    NoDrafter,
+    PromptLookupDrafter,
+    Sampler,
+    SpeculativeSampling,
+    generate,
+    get_rule,
+)
+from semverify.coupling import CoupledNoise, mix
+from semverify.loop import speculative_generate
+from semverify.rules import at_position, prefix_mask, target_choices
+from semverify.types import Verdict
+from tests.helpers import tiny_model
+from tests.semverify.test_sampled_equivalence import exact_distribution
+
+V = 8
+PROMPT = torch.tensor([[1, 2, 3, 1, 2]])
+SAMPLERS = [Sampler(True, 1.0), Sampler(True, 0.7, top_k=5, top_p=0.9)]
+
+
+class AcceptEverything(SpeculativeSampling):
+    """Deliberately broken: keeps every draft token, then the coupled target token (output follows the drafter)."""
+
+    def __call__(self, x):
+        n = torch.full((1,), x.k, dtype=torch.long)
+        return Verdict(n, at_position(target_choices(x), n), {"exact": prefix_mask(n, x.k)})
+
+
+@pytest.fixture(scope="module")
+def models():
+    return tiny_model(0, vocab=V, init_std=0.5), tiny_model(1, vocab=V, init_std=0.5)
+
+
+@pytest.fixture(scope="module")
+def wide():
+    """A pair with a wider vocabulary, for long outputs where drafts are sometimes right."""
+    return tiny_model(0, vocab=64, init_std=0.3), tiny_model(0, vocab=64, init_std=0.3, layers=1)
+
+
+def pvalue(counts: torch.Tensor, expected: torch.Tensor) -> float:
+    """Chi-square p-value of ``counts`` against ``expected`` (outcomes expected < 5 times pooled); 0 when an
+    outcome of probability 0 was drawn."""
+    if counts[expected == 0].sum() > 0:
+        return 0.0
+    big, rare = expected >= 5, (expected > 0) & (expected < 5)
+    obs, exp = counts[big], expected[big]
+    if rare.any():
+        obs, exp = torch.cat([obs, counts[rare].sum()[None]]), torch.cat([exp, expected[rare].sum()[None]])
+    return chisquare(obs.numpy(), (exp * obs.sum() / exp.sum()).numpy()).pvalue
+
+
+def test_noise_is_a_function_of_seed_sample_and_position():
+    a, b = CoupledNoise(3), CoupledNoise(3)
+    assert torch.equal(a.gumbel(5, 100), b.at(2).gumbel(3, 100))
+    assert not torch.equal(a.gumbel(5, 100), a.gumbel(6, 100))
+    assert not torch.equal(a.gumbel(5, 100), CoupledNoise(3, sample=1).gumbel(5, 100))
+    assert not torch.equal(a.gumbel(5, 100), a.gumbel(5, 100, stream=1))
+    assert mix(1, 2) == mix(1, 2) != mix(2, 1)
+    with pytest.raises(ValueError, match="position"):
+        a.choose(torch.zeros(100))
+
+
+def test_gumbel_max_draws_the_softmax_and_a_wrong_noise_is_detected():
+    logits = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0, float("-inf")])
+    runs = 6000
+    counts = torch.zeros(6)
+    wrong = torch.zeros(6)
+    for seed in range(runs):
+        noise = CoupledNoise(seed)
+        counts[noise.choose(logits[None], [0])] += 1
+        wrong[(logits + torch.rand(6, generator=noise.generator())).argmax()] += 1  # uniform noise: biased
+    expected = logits.softmax(-1) * runs
+    assert pvalue(counts, expected) > 1e-3
+    assert pvalue(wrong, expected) < 1e-6
+
+
+def joint_counts(model, drafter_factory, rule, sampler, tokens: int, runs: int) -> torch.Tensor:
+    counts = torch.zeros(V**tokens)
+    for seed in range(runs):
+        out, _ = speculative_generate(model, PROMPT, drafter=drafter_factory(), rule=rule, num_draft_tokens=2,
+                                      max_new_tokens=tokens, sampler=sampler, generator=CoupledNoise(seed))
+        counts[sum(int(t) * V**i for i, t in enumerate(out[0, -tokens:].flip(0)))] += 1
+    return counts
+
+
+@pytest.mark.parametrize("sampler", SAMPLERS)
+def test_coupled_vanilla_and_coupled_sd_keep_the_target_distribution(models, sampler):
+    target, draft = models
+    expected = exact_distribution(target, sampler) * 3000
+    for factory in (NoDrafter, lambda: ModelDrafter(draft)):
+        assert pvalue(joint_counts(target, factory, SpeculativeSampling(), sampler, 2, 3000), expected) > 1e-3
+    broken = joint_counts(target, lambda: ModelDrafter(draft), AcceptEverything(), sampler, 2, 3000)
+    assert pvalue(broken, expected) < 1e-6
+
+
+WARM = Sampler(True, 0.8)
+
+
+def coupled(model, drafter, rule="speculative", seed=0, tokens=40, sampler=WARM, ids=PROMPT):
+    out, stats = speculative_generate(model, ids, drafter=drafter, rule=get_rule(rule) if isinstance(rule, str)
+                                      else rule, num_draft_tokens=4, max_new_tokens=tokens, sampler=sampler,
+                                      generator=CoupledNoise(seed))
+    return out, stats
+
+
+@pytest.mark.parametrize("sampler", SAMPLERS)
+def test_every_drafter_gives_the_target_alone_token_for_token(wide, sampler):
+    target, draft = wide
+    drafters = {"draft model": lambda: ModelDrafter(draft), "prompt lookup": lambda: PromptLookupDrafter(2),
+                "draft tree": lambda: ModelTreeDrafter(draft, budget=8, branch=2, threshold=1.0),
+                "hybrid": lambda: HybridDrafter(ModelDrafter(draft), PromptLookupDrafter(2))}
+    accepted = dict.fromkeys(drafters, 0)
+    for seed in range(4):
+        expected, _ = coupled(target, NoDrafter(), seed=seed, sampler=sampler)
+        for name, factory in drafters.items():
+            out, stats = coupled(target, factory(), seed=seed, sampler=sampler)
+            assert torch.equal(out, expected), f"{name}, seed {seed}"
+            accepted[name] += stats.accepted
+    assert all(accepted.values()), accepted  # drafts were kept, so the identity is not vacuous
+
+
+def test_coupled_batch_rows_equal_their_rows_alone(wide):
+    target, draft = wide
+    ids = torch.tensor([[0, 5, 9, 4, 7], [3, 1, 4, 1, 5]])
+    noises = [CoupledNoise(11), CoupledNoise(12)]
+    out = generate(target, ids, assistant_model=draft, do_sample=True, temperature=0.8, max_new_tokens=20,
+                   generator=noises, attention_mask=torch.ones_like(ids))
+    for row in range(2):
+        alone, _ = coupled(target, NoDrafter(), seed=11 + row, tokens=20, ids=ids[row : row + 1])
+        assert torch.equal(out[row, : alone.shape[1]], alone[0])
+
+
+LOSSLESS_LIMITS = {
+    "typical": {"posterior_threshold": 1.0, "posterior_alpha": math.inf},
+    "sense": {"theta_e": 1.0},
+    "fly": {"window": 0},
+    "easd": {"draft_entropy": math.inf, "target_entropy": math.inf},
+}
+
+
+@pytest.mark.parametrize("name", sorted(LOSSLESS_LIMITS))
+def test_lossy_rules_at_their_lossless_limit_equal_coupled_vanilla(wide, name):
+    target, draft = wide
+    for seed in range(3):
+        expected, _ = coupled(target, NoDrafter(), seed=seed)
+        out, stats = coupled(target, ModelDrafter(draft), rule=get_rule(name, **LOSSLESS_LIMITS[name]), seed=seed)
+        assert torch.equal(out, expected), f"seed {seed}"
+
+
+def test_a_lossy_rule_differs_from_coupled_vanilla_only_after_it_decides_otherwise(wide):
+    target, draft = wide
+    rule = get_rule("easd", draft_entropy=0.0, target_entropy=0.0, overlap=0.2)
+    expected, _ = coupled(target, NoDrafter(), tokens=60)
+    out, stats = coupled(target, ModelDrafter(draft), rule=rule, tokens=60)
+    assert stats.reasons.get("penalty", 0) > 0
+    differs = (out[0] != expected[0]).nonzero()
+    assert len(differs), "the penalty changed no token"
