@@ -151,7 +151,7 @@ class Benchmark:
         row holds keep the stored grades."""
         if not self.text_graded:
             return row
-        capped = cap is not None and row["new_tokens"] >= cap
+        capped = cap is not None and row.get("new_tokens", 0) >= cap
         return {**row, "grades": self.grade_output(row["output"], Problem(row["id"], "", row["gold"]), capped)}
 
 

@@ -12,6 +12,7 @@ from scipy.stats import binomtest
 from semverify.registry import Method, RunContext
 
 from .benchmarks import get_benchmark
+from .paired import accuracy_difference, divergence, problems_needed
 from .rows import read_rows
 
 POSITIONS = 10  # draft positions listed in the rule-event lines (step drafts have up to 128)
@@ -55,7 +56,8 @@ def summarise(run_dir: str | Path, reference: str = "vanilla", grader: str | Non
         methods = [m for m in methods if m.name in {*only, reference, *paired}]
         names = [m.name for m in methods]
     bench = get_benchmark(s["benchmark"])
-    by = {(r["id"], r["method"]): r for r in read_rows(run_dir) if r["method"] in names}
+    # keyed by output: (problem, sample), then method
+    by = {((r["id"], r.get("sample", 0)), r["method"]): r for r in read_rows(run_dir) if r["method"] in names}
     ids = sorted({i for i, _ in by if all((i, m) in by for m in names)})
     if not ids:
         counts = ", ".join(f"{m}: {sum(k[1] == m for k in by)}" for m in names)
@@ -72,7 +74,8 @@ def summarise(run_dir: str | Path, reference: str = "vanilla", grader: str | Non
     grader = grader or bench.main_grader
     if grader not in bench.graders:
         raise ValueError(f"{s['benchmark']} is graded by {', '.join(bench.graders)}, not {grader!r}")
-    out = {"run": run, "problems": len(ids), "reference": reference, "paired": paired, "grader": grader,
+    out = {"run": run, "problems": len({pid for pid, _ in ids}), "outputs": len(ids), "reference": reference,
+           "paired": paired, "grader": grader,
            "graders": list(bench.graders), "batched": batched, "methods": {}}
     for m in methods:
         rs = [by[(i, m.name)] for i in ids]
@@ -121,8 +124,18 @@ def summarise(run_dir: str | Path, reference: str = "vanilla", grader: str | Non
                 entry["paired"][other] = {
                     **mcnemar([t["grades"][grader] for t in theirs], [r["grades"][grader] for r in rs]),
                     "identical": sum(t["output"] == r["output"] for t, r in zip(theirs, rs)),
+                    "difference": accuracy_difference(_per_problem(ids, rs, grader), _per_problem(ids, theirs, grader)),
+                    "divergence": divergence(rs, theirs, grader),
                 }
         out["methods"][m.name] = entry
+    return out
+
+
+def _per_problem(ids: list[tuple[int, int]], rows: list[dict], grader: str) -> dict[int, list[bool]]:
+    """Each problem's grades, in sample order, from rows aligned with the (problem, sample) ``ids``."""
+    out: dict[int, list[bool]] = {}
+    for (pid, _), row in zip(ids, rows):
+        out.setdefault(pid, []).append(row["grades"][grader])
     return out
 
 
@@ -288,7 +301,7 @@ def markdown(summary: dict) -> str:
                for name, m in summary["methods"].items() if m["speedup_problems"] < summary["problems"]]
     return "\n".join(lines + ([""] + partial if partial else []) + _cap_regraded(summary) + _by_machine(summary)
                      + _time_per_step(summary)
-                     + _identical(summary) + _groups(summary) + _rule_events(summary)) + "\n"
+                     + _identical(summary) + _differences(summary) + _groups(summary) + _rule_events(summary)) + "\n"
 
 
 def _cap_regraded(summary: dict) -> list[str]:
@@ -373,9 +386,33 @@ def _machines(run: dict) -> str:
 
 def _identical(summary: dict) -> list[str]:
     """Which methods wrote the same text as a paired one (e.g. a threshold that never bound)."""
-    same = [f"`{name}` = `{other}` on {p['identical']} of {summary['problems']}"
+    outputs = summary.get("outputs", summary["problems"])
+    same = [f"`{name}` = `{other}` on {p['identical']} of {outputs}"
             for name, m in summary["methods"].items() for other, p in m["paired"].items() if p.get("identical")]
     return ["", "Identical outputs: " + "; ".join(same)] if same else []
+
+
+def _differences(summary: dict) -> list[str]:
+    """Each method's accuracy difference from the reference with its paired interval and divergence."""
+    ref = summary["reference"]
+    lines = []
+    for name, m in summary["methods"].items():
+        p = m["paired"].get(ref)
+        if p is None or "difference" not in p:
+            continue
+        d, v = p["difference"], p["divergence"]
+        at = "-" if v["median_first_divergence"] is None else f"{v['median_first_divergence']:.0f}"
+        lines.append(f"| {name} | {100 * d['difference']:+.1f} [{100 * d['low']:+.1f}, {100 * d['high']:+.1f}] | "
+                     f"{d['discordant']} | {100 * d['detectable']:.1f} | {problems_needed(0.02, d['sd'])} | "
+                     f"{v['identical']} of {v['outputs']} | {at} | {v['flips']} |")
+    if not lines:
+        return []
+    return ["", f"Paired against `{ref}` on {summary['grader']} (points; 95% bootstrap interval over problems, samples "
+            "nested; detectable = the difference this run finds with 80% power at its spread; for 2 pt = problems a "
+            "2-point difference would need at that spread; first divergence = "
+            "median token position among outputs that differ; flips = differing outputs whose grade changed):", "",
+            "| method | difference | discordant problems | detectable | for 2 pt | identical outputs | "
+            "first divergence | flips |", "|---|---|---|---|---|---|---|---|", *lines]
 
 
 def _rule_events(summary: dict) -> list[str]:

@@ -12,8 +12,13 @@ import os
 from pathlib import Path
 
 
+def row_key(row: dict) -> tuple[int, str, int]:
+    """What a row is the result of: (problem, method, sample); rows from before samples are sample 0."""
+    return row["id"], row["method"], row.get("sample", 0)
+
+
 def read_rows(run_dir: str | Path) -> list[dict]:
-    """Every complete row of every shard file in ``run_dir``; a (problem, method) pair written twice
+    """Every complete row of every shard file in ``run_dir``; a (problem, method, sample) written twice
     counts once. A torn last line is skipped; a broken line before it raises ValueError naming it."""
     rows: dict[tuple, dict] = {}
     for path in sorted(Path(run_dir).glob("rows.rank*.jsonl")):
@@ -29,7 +34,7 @@ def read_rows(run_dir: str | Path) -> list[dict]:
                     continue
                 raise ValueError(f"{path}, line {number}: a broken row in the middle of the file (not a write cut "
                                  "off by a kill); repair or delete that line, then resume") from None
-            rows.setdefault((row["id"], row["method"]), row)
+            rows.setdefault(row_key(row), row)
     return list(rows.values())
 
 

@@ -22,14 +22,14 @@ import torch
 from tqdm import tqdm
 
 from semverify import NoDrafter, generate, load_model
-from semverify.coupling import CoupledNoise
+from semverify.coupling import CoupledNoise, mix
 from semverify.models import load_tokenizer
 from semverify.registry import DraftResources, Method, RunContext, make_drafter
 from semverify.sense import Datastore
 
 from .benchmarks import Problem, get_benchmark
 from .env import code_version, environment, machine
-from .rows import RowWriter, read_rows
+from .rows import RowWriter, read_rows, row_key
 
 
 @dataclass(frozen=True)
@@ -53,6 +53,7 @@ class RunSettings:
     offset: int | None = None  # problems from this position on (None: from the first; runs before it resume)
     batch_size: int | None = None  # problems decoded together per method (None: one at a time)
     coupled: bool | None = None  # sampled runs: coupled Gumbel noise per (problem, position) (None: torch streams)
+    samples: int | None = None  # sampled runs: outputs per problem and method (None: one)
 
     def context(self, tokenizer=None) -> RunContext:
         return RunContext.for_decoding(self.draft, self.target, self.do_sample, self.temperature, tokenizer)
@@ -170,10 +171,10 @@ def compare(settings: RunSettings, methods: list[Method], out: str | Path, repin
     out.mkdir(parents=True, exist_ok=True)
     context = settings.context(load_tokenizer(settings.target))  # rules that write prompts need it
     with RowWriter(out / f"rows.rank{rank}.jsonl") as writer:  # locks the shard and cuts a torn last line first
-        done = {(r["id"], r["method"]) for r in read_rows(out)}
+        done = {row_key(r) for r in read_rows(out)}
         mine = problems[rank::world]
-        todo = [(p, m) for p in mine for m in (methods if p.id % 2 == 0 else methods[::-1])
-                if (p.id, m.name) not in done]
+        todo = [(Work(p, sample), m) for p in mine for sample in range(settings.samples or 1)
+                for m in (methods if p.id % 2 == 0 else methods[::-1]) if (p.id, m.name, sample) not in done]
         prepare_run(out, settings, methods, pins(settings, methods, context), {m.name for _, m in todo}, rank,
                     repin)
         if todo:
@@ -181,7 +182,21 @@ def compare(settings: RunSettings, methods: list[Method], out: str | Path, repin
     return out
 
 
-def _run(settings: RunSettings, methods: list[Method], todo: list[tuple[Problem, Method]], bench, writer: RowWriter,
+@dataclass(frozen=True)
+class Work:
+    """One output to decode: a problem, and which of its samples (0 unless ``--samples``)."""
+
+    problem: Problem
+    sample: int = 0
+
+
+def problem_seed(settings: RunSettings, work: Work) -> int:
+    """The seed of one sample of a problem, the same for every method (so their rows pair)."""
+    seed = settings.seed * 1_000_003 + work.problem.id
+    return seed if work.sample == 0 else mix(seed, work.sample)
+
+
+def _run(settings: RunSettings, methods: list[Method], todo: list[tuple[Work, Method]], bench, writer: RowWriter,
          rank: int, world: int) -> None:
     target, tokenizer = load_model(settings.target, dtype=settings.dtype)
     needs = set().union(*(m.needs for m in methods))
@@ -195,24 +210,24 @@ def _run(settings: RunSettings, methods: list[Method], todo: list[tuple[Problem,
     rules = {m.name: m.build_rule(context) for m in methods}
     live: dict[str, list] = {}
     bar = tqdm(total=len(todo), desc=f"compare[{rank}]" if world > 1 else "compare", unit="run")
-    for problems, method in batches(todo, settings.batch_size or 1):
+    for work, method in batches(todo, settings.batch_size or 1):
         own = replace(resources, datastore=stores.get(method.datastore(settings.datastore)))
-        for row in run_batch(problems, method, rules[method.name], settings, target, tokenizer, own, bench):
+        for row in run_batch(work, method, rules[method.name], settings, target, tokenizer, own, bench):
             writer.write(row)
             acc, taus = live.setdefault(method.name, [[], []])
             acc.append(row["grades"][bench.main_grader])
             taus.append(row["tau"])
-        bar.update(len(problems))
+        bar.update(len(work))
         bar.set_postfix_str(" ".join(f"{n}: acc={sum(a) / len(a):.2f} tau={sum(t) / len(t):.2f}"
                                      for n, (a, t) in live.items()))
     bar.close()
 
 
-def batches(todo: list[tuple[Problem, Method]], size: int) -> list[tuple[list[Problem], Method]]:
-    """The (problem, method) pairs as batches of up to ``size`` problems of one method, in the order of
-    the pairs' first problems: with ``size`` 1, exactly the pairs (methods alternate per problem)."""
-    out: list[tuple[list[Problem], Method]] = []
-    open_batch: dict[str, list[Problem]] = {}
+def batches(todo: list[tuple[Work, Method]], size: int) -> list[tuple[list[Work], Method]]:
+    """The (work, method) pairs as batches of up to ``size`` outputs of one method, in the order of
+    the pairs' first outputs: with ``size`` 1, exactly the pairs (methods alternate per problem)."""
+    out: list[tuple[list[Work], Method]] = []
+    open_batch: dict[str, list[Work]] = {}
     for problem, method in todo:
         group = open_batch.get(method.name)
         if group is None or len(group) == size:
@@ -229,17 +244,19 @@ def load_datastore(path: str, target_name: str, target) -> Datastore:
     return store
 
 
-def run_batch(problems: list[Problem], method: Method, rule, settings: RunSettings, target, tokenizer,
+def run_batch(work: list[Work], method: Method, rule, settings: RunSettings, target, tokenizer,
               resources: DraftResources, bench) -> list[dict]:
-    """Decode ``problems`` with one method in one left-padded batch and grade each; returns their JSONL
-    rows. Each problem draws from its own seeded stream, so its row is the same in any batch."""
+    """Decode ``work`` (problems, or samples of them) with one method in one left-padded batch and grade
+    each; returns their JSONL rows. Each output draws from its own seeded stream, so its row is the same
+    in any batch."""
+    problems = [w.problem for w in work]
     texts = [bench.prompt(tokenizer, p, settings.template) for p in problems]
     prompts = [tokenizer(t).input_ids for t in texts]
     width = max(map(len, prompts))
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
-    seeds = [settings.seed * 1_000_003 + p.id for p in problems]  # the same draws for every method on a problem
+    seeds = [problem_seed(settings, w) for w in work]  # the same draws for every method on a problem
     streams = [CoupledNoise(seed) if settings.coupled else torch.Generator().manual_seed(seed) for seed in seeds]
     kwargs = dict(max_new_tokens=settings.max_new_tokens, do_sample=settings.do_sample, return_dict_in_generate=True,
                   generator=streams[0] if len(problems) == 1 else streams, rule=rule, num_assistant_tokens=method.k,
@@ -256,9 +273,9 @@ def run_batch(problems: list[Problem], method: Method, rule, settings: RunSettin
     row_stats = result.spec_stats.rows or [result.spec_stats]
     batch = ({"first": problems[0].id, "size": len(problems), "wall": wall, "tokens": result.spec_stats.new_tokens}
              if len(problems) > 1 else None)
-    return [problem_row(problem, method, seed, result.sequences[i, width : width + stats.new_tokens], stats,
-                        tokenizer, batch, bench, settings.max_new_tokens)
-            for i, (problem, seed, stats) in enumerate(zip(problems, seeds, row_stats))]
+    return [{**problem_row(w.problem, method, seed, result.sequences[i, width : width + stats.new_tokens], stats,
+                           tokenizer, batch, bench, settings.max_new_tokens), "sample": w.sample}
+            for i, (w, seed, stats) in enumerate(zip(work, seeds, row_stats))]
 
 
 def problem_row(problem: Problem, method: Method, seed: int, new: torch.LongTensor, stats, tokenizer,

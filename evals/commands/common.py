@@ -60,6 +60,9 @@ def add_run_args(p: argparse.ArgumentParser, limit: int) -> None:
     p.add_argument("--top-k", type=int, default=None)
     p.add_argument("--top-p", type=float, default=None)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--samples", type=positive_int, default=None,
+                   help="with --do-sample: outputs per problem and method, each with its own seed derived from the "
+                        "problem's (accuracy is then the mean of per-problem pass rates)")
     p.add_argument("--coupled", action="store_const", const=True, default=None,
                    help="with --do-sample: draw every target token as the Gumbel-max under noise keyed by (problem "
                         "seed, position), the same for every method, so lossless methods equal vanilla token for "
@@ -88,7 +91,10 @@ def checked_run(args: argparse.Namespace, methods: str | None, configs: list[str
         template=args.template, limit=args.limit, max_new_tokens=args.max_new_tokens, do_sample=args.do_sample,
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed, datastore=args.datastore,
         offset=args.offset, batch_size=args.batch_size, coupled=args.coupled,
+        samples=args.samples if args.samples != 1 else None,
     )
+    if (args.samples or 1) > 1 and not args.do_sample:
+        raise ValueError("--samples draws several outputs per problem; add --do-sample (greedy outputs repeat)")
     if args.coupled and not args.do_sample:
         raise ValueError("--coupled couples sampled runs; add --do-sample (greedy runs are paired already)")
     bench = get_benchmark(args.benchmark)

@@ -375,13 +375,14 @@ def test_time_per_step_in_units_of_the_reference_token_time():
 
 def test_substitutions_are_counted_with_digits_and_the_answers_they_cost(tmp_path):
     writer = _run_resumed_on_a_second_machine(tmp_path)
-    wrong = ("So the total is 6.", (False, False, False))
+    wrong = ("So the total is 6.\nFinal Answer: 6", (False, False, False))  # answered: graded despite the cap
     subs = [[{"at": 3, "reason": "topk", "kept": " 6", "target": " 5"}, {"at": 7, "reason": "topk", "kept": " so",
                                                                         "target": " thus"}],
             [{"at": 1, "reason": "window", "kept": " 6", "target": " 5"}], []]
     for i, logged in enumerate(subs):
-        writer.write(run_row(i, "vanilla", 4.0, "slow cpu"))
-        row = run_row(i, "draft_alone", 8.0, "slow cpu", *(wrong if i == 0 else ()))
+        writer.write(run_row(i, "vanilla", 4.0, "slow cpu", "So the total is 5.\nFinal Answer: 5"))
+        answer = wrong if i == 0 else ("So the total is 5." + ("\nFinal Answer: 5" if i == 1 else ""),)
+        row = run_row(i, "draft_alone", 8.0, "slow cpu", *answer)
         writer.write({**row, "substitutions": logged} if i < 2 else row)  # problem 2's row predates the log
     writer.close()
     sub = summarise(tmp_path)["methods"]["draft_alone"]["substitutions"]
@@ -389,7 +390,39 @@ def test_substitutions_are_counted_with_digits_and_the_answers_they_cost(tmp_pat
     assert sub["problems_with_digit"] == 2 and sub["lost_with_digit"] == 1
     assert sub["common"][0] == ((" 6", " 5"), 2)
     assert summarise(tmp_path)["methods"]["draft_alone"]["at_cap"] == 3  # run_row's 10 tokens reach the cap of 8
+    # at the cap without a final answer, draft_alone's "So the total is 5." (problem 2) is no answer
+    assert summarise(tmp_path)["methods"]["draft_alone"]["cap_regraded"] == 1
+    assert summarise(tmp_path)["methods"]["vanilla"]["cap_regraded"] == 0
+    assert "cut off at the cap without a final answer (their last number matched): `draft_alone` 1" in report(tmp_path)
     assert summarise(tmp_path)["methods"]["vanilla"]["substitutions"] is None
     assert ("`draft_alone` kept 3 tokens the target would not have chosen (15.00 per 100 new tokens, over the 2 "
             "problems that logged them); 2 involve a digit, in 2 problems, of which `vanilla` solved and this "
             "method missed 1; commonest: ' 6' for ' 5' (2), ' so' for ' thus' (1)") in report(tmp_path)
+
+
+def test_coupled_samples_pair_lossless_methods_with_vanilla_row_for_row(tiny_checkpoint, tmp_path):
+    out = tmp_path / "coupled"
+    args = compare_args(tiny_checkpoint, out, limit=3, extra=["--do-sample", "--temperature", "0.8", "--coupled",
+                                                              "--samples", "2"])
+    args[args.index("--methods") + 1] = "vanilla,sd,pld"
+    main(args)
+    rows = {(r["id"], r["method"], r["sample"]): r for r in read_rows(out)}
+    assert len(rows) == 3 * 3 * 2
+    for pid in range(3):
+        for sample in range(2):
+            vanilla = rows[(pid, "vanilla", sample)]["output_ids"]
+            assert rows[(pid, "sd", sample)]["output_ids"] == vanilla
+            assert rows[(pid, "pld", sample)]["output_ids"] == vanilla
+    assert any(rows[(p, "vanilla", 0)]["output_ids"] != rows[(p, "vanilla", 1)]["output_ids"] for p in range(3))
+    assert rows[(0, "vanilla", 0)]["seed"] != rows[(0, "vanilla", 1)]["seed"]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["problems"] == 3 and summary["outputs"] == 6
+    paired = summary["methods"]["sd"]["paired"]["vanilla"]
+    assert paired["difference"]["difference"] == paired["difference"]["low"] == paired["difference"]["high"] == 0
+    assert paired["divergence"]["identical"] == 6 and paired["divergence"]["flips"] == 0
+    assert "| sd | +0.0 [+0.0, +0.0] |" in (out / "report.md").read_text()
+    before = (out / "rows.rank0.jsonl").read_text()
+    main(args)  # resumes: every (problem, method, sample) is done
+    assert (out / "rows.rank0.jsonl").read_text() == before
+    with pytest.raises(SystemExit, match="--do-sample"):
+        main(compare_args(tiny_checkpoint, tmp_path / "greedy", extra=["--samples", "2"]))
