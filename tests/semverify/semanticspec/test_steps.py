@@ -157,3 +157,25 @@ def test_step_int8_writes_steps_with_the_int8_draft_model():
     assert make_drafter("step", both, 6).model is plain
     with pytest.raises(ValueError, match="int8 draft model"):
         make_drafter("step_int8", DraftResources(draft_model=plain, tokenizer=TOK), 6)
+
+
+@pytest.mark.parametrize("name", list(reject_everything()))
+def test_rejecting_every_step_under_coupled_sampling_is_coupled_target_decoding(name):
+    from semverify import NoDrafter, Sampler
+    from semverify.coupling import CoupledNoise
+
+    rule = reject_everything()[name]
+    target = tiny_model(0, arch="llama", vocab=len(TOK))
+    draft = tiny_model(20, arch="llama", vocab=len(TOK))
+    ids = TOK("Question: what is 2 + 2?", return_tensors="pt").input_ids
+    sampler = Sampler(True, 0.8)
+    for seed in range(2):
+        expected, _ = speculative_generate(target, ids, drafter=NoDrafter(), rule=get_rule("speculative"),
+                                           num_draft_tokens=6, max_new_tokens=40, sampler=sampler,
+                                           generator=CoupledNoise(seed))
+        drafter = StepDrafter(draft, StepSegmenter(TOK, stops=("\ufffd", " ", "e"), max_step_tokens=6), token_k=3,
+                              target_first_step=False)
+        out, stats = speculative_generate(target, ids, drafter=drafter, rule=rule, num_draft_tokens=6,
+                                          max_new_tokens=40, sampler=sampler, generator=CoupledNoise(seed))
+        assert torch.equal(out, expected)
+        assert stats.reasons["step_rejected"] > 0 and stats.reasons["step"] == 0

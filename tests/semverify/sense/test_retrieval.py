@@ -274,3 +274,30 @@ def test_optional_faiss_index_finds_the_same_neighbours(tiny_store):
         exact, approx = store.nearest(store.keys[i], 5), copy.nearest(store.keys[i], 5)
         assert int(approx[1][0]) == int(exact[1][0]) or torch.isclose(approx[0][0], exact[0][0], atol=1e-4)
         assert torch.allclose(approx[0], exact[0], atol=1e-4)
+
+
+def test_retrieval_drafting_under_coupled_sampling_equals_the_target_alone(tiny_store, tmp_path):
+    from semverify import NoDrafter, Sampler
+    from semverify.coupling import CoupledNoise
+
+    model, tok, _, _ = tiny_store
+    prompt = tok.apply_chat_template([{"role": "user", "content": "Question 0"}], tokenize=False,
+                                     add_generation_prompt=True) + ANSWERS[0][:20]
+    ids = tok(prompt, return_tensors="pt", add_special_tokens=False).input_ids
+    sampler = Sampler(True, 0.8)
+    vanilla = {seed: speculative_generate(model, ids, drafter=NoDrafter(), rule=get_rule("speculative"),
+                                          num_draft_tokens=6, max_new_tokens=40, sampler=sampler,
+                                          generator=CoupledNoise(seed))[0] for seed in range(3)}
+    # a store of what the target writes under seeds 0 and 1 (seed 2's output is new to it)
+    examples = [(prompt, tok.decode(vanilla[seed][0, ids.shape[1] :])) for seed in (0, 1)]
+    collect_states(model, tok, examples, tmp_path / "own", shard_size=3, progress=False)
+    store = build_datastore(tmp_path / "own", dim=16, model_name="tiny", corpus="own outputs")
+    accepted = 0
+    for seed, expected in vanilla.items():
+        for rule in (get_rule("speculative"), get_rule("sense", theta_e=1.0)):
+            drafter = RetrievalDrafter(store, num_candidates=6)
+            out, stats = speculative_generate(model, ids, drafter=drafter, rule=rule, num_draft_tokens=6,
+                                              max_new_tokens=40, sampler=sampler, generator=CoupledNoise(seed))
+            assert torch.equal(out, expected), f"{rule.name}, seed {seed}"
+            accepted += stats.accepted
+    assert accepted > 0  # retrieved drafts were kept, so the identity is not vacuous
