@@ -12,6 +12,7 @@ from scipy.stats import binomtest
 from semverify.registry import Method, RunContext
 
 from .benchmarks import get_benchmark
+from .margins import MARGINS_FILE, compute_margins, lossless_differences
 from .paired import accuracy_difference, divergence, problems_needed
 from .rows import read_rows
 
@@ -127,6 +128,8 @@ def summarise(run_dir: str | Path, reference: str = "vanilla", grader: str | Non
                     "difference": accuracy_difference(_per_problem(ids, rs, grader), _per_problem(ids, theirs, grader)),
                     "divergence": divergence(rs, theirs, grader),
                 }
+                if other == reference and entry["lossless"]:
+                    entry["paired"][other]["lossless_differences"] = lossless_differences(rs, theirs, ids)
         out["methods"][m.name] = entry
     return out
 
@@ -301,7 +304,8 @@ def markdown(summary: dict) -> str:
                for name, m in summary["methods"].items() if m["speedup_problems"] < summary["problems"]]
     return "\n".join(lines + ([""] + partial if partial else []) + _cap_regraded(summary) + _by_machine(summary)
                      + _time_per_step(summary)
-                     + _identical(summary) + _differences(summary) + _groups(summary) + _rule_events(summary)) + "\n"
+                     + _identical(summary) + _lossless_differences(summary) + _differences(summary)
+                     + _groups(summary) + _rule_events(summary)) + "\n"
 
 
 def _cap_regraded(summary: dict) -> list[str]:
@@ -390,6 +394,28 @@ def _identical(summary: dict) -> list[str]:
     same = [f"`{name}` = `{other}` on {p['identical']} of {outputs}"
             for name, m in summary["methods"].items() for other, p in m["paired"].items() if p.get("identical")]
     return ["", "Identical outputs: " + "; ".join(same)] if same else []
+
+
+def _lossless_differences(summary: dict) -> list[str]:
+    """Each lossless method's outputs that differ from the reference's (none, in an exact run), with the
+    target's top-2 logit margin at the first diverging token where ``--margins`` measured it."""
+    lines = []
+    for name, m in summary["methods"].items():
+        diffs = m["paired"].get(summary["reference"], {}).get("lossless_differences")
+        if diffs is None:
+            continue
+        if not diffs:
+            lines.append(f"- `{name}` (lossless) equals `{summary['reference']}` token for token on every output")
+            continue
+        margins = summary.get("margins", {})
+        listed = "; ".join(
+            f"problem {d['id']} sample {d['sample']} at token {d['position']}"
+            + (f" (top-2 margin {margins[key]:.3g})" if (key := f"{name}/{d['id']}/{d['sample']}") in margins else "")
+            for d in diffs[:20])
+        more = f"; and {len(diffs) - 20} more" if len(diffs) > 20 else ""
+        lines.append(f"- `{name}` (lossless) differs from `{summary['reference']}` on {len(diffs)} output(s): "
+                     f"{listed}{more}")
+    return [""] + lines if lines else []
 
 
 def _differences(summary: dict) -> list[str]:
@@ -501,13 +527,19 @@ def plot(summary: dict, run_dir: Path) -> list[Path]:
 
 
 def report(run_dir: str | Path, reference: str = "vanilla", grader: str | None = None,
-           paired: list[str] | None = None, only: list[str] | None = None, out: str | Path | None = None) -> str:
+           paired: list[str] | None = None, only: list[str] | None = None, out: str | Path | None = None,
+           margins: bool = False) -> str:
     """Write report.md, summary.json and the plots into ``out`` (default ``run_dir``, e.g. another folder for a
-    report on a subset of the methods); returns the Markdown."""
+    report on a subset of the methods); returns the Markdown. ``margins``: first load the target and measure
+    its top-2 logit margin where a lossless method's output differs from the reference's."""
     run_dir = Path(run_dir)
     if not (run_dir / "run.json").exists():
         raise FileNotFoundError(f"{run_dir} is not a run folder (no run.json); run `semverify compare` first")
     summary = summarise(run_dir, reference, grader, paired, only)
+    if margins:
+        compute_margins(run_dir, summary)
+    path = run_dir / MARGINS_FILE
+    summary["margins"] = json.loads(path.read_text()) if path.exists() else {}
     text = markdown(summary)
     out = Path(out) if out is not None else run_dir
     out.mkdir(parents=True, exist_ok=True)

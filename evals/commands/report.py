@@ -27,6 +27,10 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default=None, metavar="DIR",
                    help="folder for report.md, summary.json and the plots (default: the run folder), e.g. to keep "
                         "a report on a subset of the methods beside the run's own")
+    p.add_argument("--margins", action="store_true",
+                   help="load the run's target and measure its top-2 logit margin at the first token where a "
+                        "lossless method's output differs from the reference's (a numerical tie or a bug?); "
+                        "saved to RUN_DIR/margins.json, which later reports list")
     p.add_argument("--against", default=None, metavar="OTHER_RUN",
                    help="instead: each method both runs hold, side by side on the problems both finished (a rerun "
                         "with another batch size, dtype or machine); written to RUN_DIR/against-<other>.md")
@@ -39,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
         print(text)
         return 0
     paired, only = names(args.paired) or None, names(args.methods) or None
-    print(report(args.run_dir, args.reference, args.grader, paired, only, args.out))
+    print(report(args.run_dir, args.reference, args.grader, paired, only, args.out, margins=args.margins))
     return 0
 
 

@@ -421,8 +421,23 @@ def test_coupled_samples_pair_lossless_methods_with_vanilla_row_for_row(tiny_che
     assert paired["difference"]["difference"] == paired["difference"]["low"] == paired["difference"]["high"] == 0
     assert paired["divergence"]["identical"] == 6 and paired["divergence"]["flips"] == 0
     assert "| sd | +0.0 [+0.0, +0.0] |" in (out / "report.md").read_text()
+    assert "`sd` (lossless) equals `vanilla` token for token on every output" in (out / "report.md").read_text()
     before = (out / "rows.rank0.jsonl").read_text()
     main(args)  # resumes: every (problem, method, sample) is done
     assert (out / "rows.rank0.jsonl").read_text() == before
+
+    # a lossless row that differs is named with its first diverging token and the target's top-2 margin there
+    rows_file = out / "rows.rank0.jsonl"
+    lines = [json.loads(line) for line in rows_file.read_text().splitlines()]
+    for row in lines:
+        if (row["id"], row["method"], row["sample"]) == (1, "pld", 0):
+            row["output_ids"] = row["output_ids"][:2] + [(row["output_ids"][2] + 1) % 200] + row["output_ids"][3:]
+            row["output"] += " (changed)"
+    rows_file.write_text("".join(json.dumps(row) + "\n" for row in lines))
+    text = report(out, margins=True)
+    margin = json.loads((out / "margins.json").read_text())["pld/1/0"]
+    assert margin >= 0
+    assert ("`pld` (lossless) differs from `vanilla` on 1 output(s): problem 1 sample 0 at token 2 "
+            f"(top-2 margin {margin:.3g})") in text
     with pytest.raises(SystemExit, match="--do-sample"):
         main(compare_args(tiny_checkpoint, tmp_path / "greedy", extra=["--samples", "2"]))
