@@ -8,6 +8,7 @@ entries when imported (``import semverify`` imports them all).
 
 from __future__ import annotations
 
+import inspect
 import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -67,7 +68,26 @@ def get_rule(rule: str | AcceptanceRule, context: RunContext | None = None, **pa
     if rule not in _RULES:
         raise ValueError(f"unknown acceptance rule {rule!r}; available: {', '.join(available_rules())}")
     entry = _RULES[rule]
+    check_param_types(rule, entry.factory, params)
     return entry.factory(context or RunContext(), **params) if entry.contextual else entry.factory(**params)
+
+
+def check_param_types(rule: str, factory: Callable, params: dict) -> None:
+    """Refuse a parameter whose value is not of the type its default has (a number given as text, say),
+    naming the parameter, before the rule's own code meets it."""
+    try:
+        signature = inspect.signature(factory)
+    except (TypeError, ValueError):
+        return
+    for key, value in params.items():
+        default = signature.parameters[key].default if key in signature.parameters else inspect.Parameter.empty
+        if isinstance(default, bool):
+            if not isinstance(value, bool):
+                raise ValueError(f"rule {rule!r}: {key} expects true or false, got {value!r}")
+        elif isinstance(default, int) and (isinstance(value, (str, bool, float))):
+            raise ValueError(f"rule {rule!r}: {key} expects an integer, got {value!r}")
+        elif isinstance(default, float) and isinstance(value, (str, bool)):
+            raise ValueError(f"rule {rule!r}: {key} expects a number, got {value!r}")
 
 
 def parse_param(text: str) -> tuple[str, Any]:
