@@ -1,6 +1,7 @@
 """semverify: one speculative decoding loop with pluggable drafters and acceptance rules."""
 
 from . import easd, semanticspec, sense  # noqa: E402,F401  (importing registers their rules, drafters and methods)
+from .coupling import CoupledNoise
 from .drafters import (
     BaseDrafter,
     Drafter,
@@ -35,7 +36,8 @@ from .types import Draft, StepDraft, StepOutcome, StepTokensDraft, Verdict, Veri
 __version__ = "0.2.0"
 
 __all__ = [
-    "AcceptanceRule", "BaseDrafter", "DEFAULT_DRAFT", "DEFAULT_TARGET", "Draft", "DraftResources", "Drafter",
+    "AcceptanceRule", "BaseDrafter", "CoupledNoise", "DEFAULT_DRAFT", "DEFAULT_TARGET", "Draft", "DraftResources",
+    "Drafter",
     "DrafterKind", "GreedyMatch", "HybridDrafter", "Method", "ModelDrafter", "ModelTreeDrafter", "NoDrafter",
     "OFFLINE_MODELS", "PromptLookupDrafter",
     "RunContext", "Sampler", "SpecGenerateOutput", "SpecStats", "SpeculativeSampling", "StepDraft", "StepOutcome",

@@ -10,7 +10,7 @@ import torch
 from transformers import GenerationConfig, LogitsProcessorList, PreTrainedModel, StoppingCriteriaList
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
-from .coupling import is_coupled
+from .coupling import CoupledNoise, is_coupled
 from .drafters import Drafter
 from .generation_config import processors, refuse_unsupported, setting
 from .generation_config import stopping_criteria as build_criteria
@@ -45,7 +45,7 @@ def generate(
     tokenizer=None,
     assistant_tokenizer=None,
     attention_mask: torch.Tensor | None = None,
-    generator: torch.Generator | list[torch.Generator] | None = None,
+    generator: torch.Generator | CoupledNoise | list[torch.Generator | CoupledNoise] | None = None,
     logits_processor: LogitsProcessorList | None = None,
     stopping_criteria: StoppingCriteriaList | None = None,
     acceptance: str | AcceptanceRule | None = None,
@@ -71,7 +71,10 @@ def generate(
     them (see :mod:`semverify.generation_config`). Returns the sequences, or with
     ``return_dict_in_generate=True`` a :class:`SpecGenerateOutput` whose ``spec_stats`` holds the
     call's statistics. Random draws use ``generator`` or one seeded from torch's global RNG, so
-    ``torch.manual_seed`` makes sampled runs repeatable. ``acceptance`` is the former name of ``rule``.
+    ``torch.manual_seed`` makes sampled runs repeatable; ``generator=CoupledNoise(seed)`` (one per row for a
+    batch, see :mod:`semverify.coupling`) draws every target token from noise keyed by (seed, position), so
+    every lossless drafter gives the target alone's output for that seed. ``acceptance`` is the former name
+    of ``rule``.
     """
     if acceptance is not None:
         warnings.warn("generate(acceptance=...) is now generate(rule=...)", FutureWarning, stacklevel=2)
