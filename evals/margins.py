@@ -14,19 +14,19 @@ from tqdm import tqdm
 from semverify.models import load_model
 
 from .benchmarks import Problem, get_benchmark
-from .paired import first_divergence
+from .paired import divergence_position
 from .rows import read_rows
 
 MARGINS_FILE = "margins.json"
 
 
 def lossless_differences(rows: list[dict], reference_rows: list[dict], ids: list[tuple[int, int]]) -> list[dict]:
-    """The (problem, sample, first diverging position) of each output that differs from the reference's."""
+    """The (problem, sample, first diverging position) of each output that differs from the reference's (the
+    position is None for rows written before rows held token ids)."""
     out = []
     for (pid, sample), row, ref in zip(ids, rows, reference_rows):
-        at = first_divergence(row.get("output_ids", []), ref.get("output_ids", []))
-        if at is not None or row["output"] != ref["output"]:
-            out.append({"id": pid, "sample": sample, "position": at if at is not None else 0})
+        if row["output"] != ref["output"] or row.get("output_ids") != ref.get("output_ids"):
+            out.append({"id": pid, "sample": sample, "position": divergence_position(row, ref)})
     return out
 
 
@@ -48,7 +48,7 @@ def compute_margins(run_dir: str | Path, summary: dict) -> dict:
     s = summary["run"]["settings"]
     todo = [(name, d) for name, m in summary["methods"].items()
             for d in m["paired"].get(summary["reference"], {}).get("lossless_differences", [])
-            if f"{name}/{d['id']}/{d['sample']}" not in known]
+            if d["position"] is not None and f"{name}/{d['id']}/{d['sample']}" not in known]
     if not todo:
         return known
     bench = get_benchmark(s["benchmark"])

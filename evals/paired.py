@@ -61,16 +61,25 @@ def first_divergence(a: list[int], b: list[int]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
+def divergence_position(row: dict, reference: dict) -> int | None:
+    """The first token where two differing outputs part; None when the rows predate token ids."""
+    if "output_ids" not in row or "output_ids" not in reference:
+        return None
+    return first_divergence(row["output_ids"], reference["output_ids"])
+
+
 def divergence(rows: list[dict], reference_rows: list[dict], grader: str) -> dict:
     """How a method's outputs relate to the reference's on the same (problem, sample): how many are token
-    for token equal, the median first diverging position, and how many diverged outputs changed outcome."""
+    for token equal, the median first diverging position (over rows that hold token ids), and how many
+    diverged outputs changed outcome."""
     positions, flips, equal = [], 0, 0
     for r, ref in zip(rows, reference_rows):
-        at = first_divergence(r.get("output_ids", []), ref.get("output_ids", []))
-        if at is None and r["output"] == ref["output"]:
+        if r["output"] == ref["output"] and r.get("output_ids") == ref.get("output_ids"):
             equal += 1
             continue
-        positions.append(at if at is not None else 0)
+        at = divergence_position(r, ref)
+        if at is not None:
+            positions.append(at)
         flips += r["grades"][grader] != ref["grades"][grader]
     return {"identical": equal, "outputs": len(rows), "median_first_divergence":
             statistics.median(positions) if positions else None, "flips": flips}

@@ -409,7 +409,8 @@ def _lossless_differences(summary: dict) -> list[str]:
             continue
         margins = summary.get("margins", {})
         listed = "; ".join(
-            f"problem {d['id']} sample {d['sample']} at token {d['position']}"
+            f"problem {d['id']} sample {d['sample']}"
+            + (f" at token {d['position']}" if d["position"] is not None else " (no token ids in its rows)")
             + (f" (top-2 margin {margins[key]:.3g})" if (key := f"{name}/{d['id']}/{d['sample']}") in margins else "")
             for d in diffs[:20])
         more = f"; and {len(diffs) - 20} more" if len(diffs) > 20 else ""

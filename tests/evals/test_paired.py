@@ -41,3 +41,12 @@ def test_sizes_and_divergence():
     ref = [{"output": "a", "output_ids": [1, 2], "grades": {"g": True}},
            {"output": "c", "output_ids": [1, 2, 4], "grades": {"g": True}}]
     assert divergence(rows, ref, "g") == {"identical": 1, "outputs": 2, "median_first_divergence": 1, "flips": 1}
+
+
+def test_rows_without_token_ids_have_no_divergence_position():
+    from evals.margins import lossless_differences
+
+    rows = [{"output": "b", "grades": {"g": True}}]
+    ref = [{"output": "a", "grades": {"g": True}}]
+    assert divergence(rows, ref, "g") == {"identical": 0, "outputs": 1, "median_first_divergence": None, "flips": 0}
+    assert lossless_differences(rows, ref, [(4, 0)]) == [{"id": 4, "sample": 0, "position": None}]
