@@ -138,12 +138,13 @@ class Benchmark:
         return True
 
     def grade_output(self, output: str, problem: Problem, capped: bool) -> dict[str, bool]:
-        """Every grade of ``output``; one cut off at the token cap (``capped``) without an explicit final
-        answer is no answer under every grader, so a last number reached mid-reasoning never scores."""
-        grades = self.grade(output, problem)
-        if capped and not self.answered(output):
-            return dict.fromkeys(grades, False)
-        return grades
+        """Every grade of ``output``, with :meth:`cut_at_cap` applied."""
+        return self.cut_at_cap(self.grade(output, problem), output, capped)
+
+    def cut_at_cap(self, grades: dict[str, bool], output: str, capped: bool) -> dict[str, bool]:
+        """``grades`` of an output, except that one cut off at the token cap (``capped``) without an explicit
+        final answer is no answer under every grader, so a last number reached mid-reasoning never scores."""
+        return dict.fromkeys(grades, False) if capped and not self.answered(output) else grades
 
     def regrade(self, row: dict, cap: int | None = None) -> dict:
         """A run row with its grades from today's graders (``cap``: the run's max_new_tokens), so rows written

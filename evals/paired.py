@@ -24,7 +24,8 @@ def accuracy_difference(method: dict[int, list[bool]], reference: dict[int, list
     pids = sorted(set(method) & set(reference))
     if not pids:
         raise ValueError("no problem has rows for both methods")
-    diffs = [pass_rates(method)[p] - pass_rates(reference)[p] for p in pids]
+    rates, reference_rates = pass_rates(method), pass_rates(reference)
+    diffs = [rates[p] - reference_rates[p] for p in pids]
     rng = random.Random(seed)
     draws = []
     for _ in range(resamples):

@@ -68,8 +68,9 @@ def summarise(run_dir: str | Path, reference: str = "vanilla", grader: str | Non
     cpus = _run_cpus(run)
     only_cpu = cpus[0] if len(cpus) == 1 and cpus[0] != "?" else None
     finished = set(ids)
-    uncapped = {k: bench.regrade(r)["grades"] for k, r in by.items() if k[0] in finished}
-    by = {k: {**bench.regrade(r, s["max_new_tokens"]), "machine": r.get("machine", only_cpu)}
+    uncapped = {k: bench.regrade(r)["grades"] for k, r in by.items() if k[0] in finished}  # graded once
+    by = {k: {**r, "grades": bench.cut_at_cap(uncapped[k], r["output"], r.get("new_tokens", 0) >= s["max_new_tokens"]),
+              "machine": r.get("machine", only_cpu)}
           for k, r in by.items() if k[0] in finished}
     batched = (s.get("batch_size") or 1) > 1
     grader = grader or bench.main_grader

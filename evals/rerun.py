@@ -22,7 +22,7 @@ def against(run_dir: str | Path, other_dir: str | Path, grader: str | None = Non
                          "their problems cannot be paired")
     bench = get_benchmark(settings[0]["benchmark"])
     grader = grader or bench.main_grader
-    rows = [{(r["id"], r["method"]): bench.regrade(r, s["max_new_tokens"]) for r in read_rows(d)}
+    rows = [{((r["id"], r.get("sample", 0)), r["method"]): bench.regrade(r, s["max_new_tokens"]) for r in read_rows(d)}
             for d, s in zip((run_dir, other_dir), settings)]
     theirs_names = {name for _, name in rows[1]}
     methods = [m for m in dict.fromkeys(name for _, name in rows[0]) if m in theirs_names]
