@@ -28,16 +28,17 @@ from .registry import (
     register_method,
     register_rule,
 )
-from .rules import AcceptanceRule, GreedyMatch, SpeculativeSampling, TypicalAcceptance
+from .rules import AcceptanceRule, BaseRule, GreedyMatch, SpeculativeSampling, TypicalAcceptance
 from .sampling import Sampler
+from .semanticspec.drafts import StepDraft, StepTokensDraft
 from .stats import SpecStats
-from .types import Draft, StepDraft, StepOutcome, StepTokensDraft, Verdict, VerifyInput
+from .types import Draft, StepOutcome, Verdict, VerifyInput
 
 __version__ = "0.2.0"
 
 __all__ = [
-    "AcceptanceRule", "BaseDrafter", "CoupledNoise", "DEFAULT_DRAFT", "DEFAULT_TARGET", "Draft", "DraftResources",
-    "Drafter",
+    "AcceptanceRule", "BaseDrafter", "BaseRule", "CoupledNoise", "DEFAULT_DRAFT", "DEFAULT_TARGET", "Draft",
+    "DraftResources", "Drafter",
     "DrafterKind", "GreedyMatch", "HybridDrafter", "Method", "ModelDrafter", "ModelTreeDrafter", "NoDrafter",
     "OFFLINE_MODELS", "PromptLookupDrafter",
     "RunContext", "Sampler", "SpecGenerateOutput", "SpecStats", "SpeculativeSampling", "StepDraft", "StepOutcome",

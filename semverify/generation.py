@@ -16,7 +16,7 @@ from .generation_config import processors, refuse_unsupported, setting
 from .generation_config import stopping_criteria as build_criteria
 from .loop import prompt_rows, speculative_generate
 from .registry import DraftResources, RunContext, drafter_kind, get_rule, make_drafter
-from .rules import AcceptanceRule
+from .rules import BaseRule
 from .sampling import Sampler
 from .stats import SpecStats
 from .types import eos_ids
@@ -35,7 +35,7 @@ def generate(
     model: PreTrainedModel,
     inputs: torch.LongTensor | None = None,
     *,
-    rule: str | AcceptanceRule = "speculative",
+    rule: str | BaseRule = "speculative",
     assistant_model: PreTrainedModel | None = None,
     drafter: Drafter | None = None,
     num_assistant_tokens: int | None = None,
@@ -48,7 +48,7 @@ def generate(
     generator: torch.Generator | CoupledNoise | list[torch.Generator | CoupledNoise] | None = None,
     logits_processor: LogitsProcessorList | None = None,
     stopping_criteria: StoppingCriteriaList | None = None,
-    acceptance: str | AcceptanceRule | None = None,
+    acceptance: str | BaseRule | None = None,
     **kwargs,
 ) -> torch.LongTensor | SpecGenerateOutput:
     """Decode like ``model.generate``, verifying drafts with the acceptance ``rule``.
@@ -91,7 +91,8 @@ def generate(
     prompts = prompt_rows(input_ids, attention_mask)
     sampler = Sampler(*(setting(config, name) for name in ("do_sample", "temperature", "top_k", "top_p")),
                       processors=processors(model, config, prompts, logits_processor))
-    context = RunContext.for_decoding(getattr(assistant_model, "name_or_path", None), model.name_or_path,
+    context = RunContext.for_decoding(None if assistant_model is None else assistant_model.name_or_path,
+                                      model.name_or_path,
                                       sampler.do_sample, sampler.temperature, tokenizer)
     rule = get_rule(rule, context)
     drafter, k = _pick_drafter(model, rule, assistant_model, drafter, num_assistant_tokens, prompt_lookup_num_tokens,
@@ -104,7 +105,7 @@ def generate(
         streamer.put(input_ids.cpu())
     eos = eos_ids(config.eos_token_id)
     sequences, stats = speculative_generate(
-        model, input_ids, drafter=drafter, rule=rule, num_draft_tokens=k,
+        model, input_ids, drafter=drafter, rule=rule, k=k,
         max_new_tokens=max_new, sampler=sampler, eos_token_id=config.eos_token_id,
         generator=generator, streamer=streamer, attention_mask=attention_mask,
         pad_token_id=config.pad_token_id if config.pad_token_id is not None else (eos[0] if eos else None),
@@ -148,9 +149,10 @@ def _pick_drafter(model, rule, assistant_model, drafter, num_assistant_tokens, p
     if assistant_model is not None:
         check_same_vocabulary(model, assistant_model, tokenizer, assistant_tokenizer)
     kind = ("prompt_lookup" if prompt_lookup_num_tokens is not None else  # a step rule drafts whole steps:
-            getattr(rule, "preferred_drafter", "model") if assistant_model is not None else "none")
+            rule.preferred_drafter if assistant_model is not None else "none")
     # the config's num_assistant_tokens counts tokens, not a step rule's step cap
-    k = (prompt_lookup_num_tokens or num_assistant_tokens or (None if kind == "step" else config.num_assistant_tokens)
+    k = (prompt_lookup_num_tokens or num_assistant_tokens
+         or (None if drafter_kind(kind).step_cap else config.num_assistant_tokens)
          or (DEFAULT_NUM_DRAFT_TOKENS if drafter is not None else drafter_kind(kind).default_k))
     if drafter is not None:
         return drafter, k

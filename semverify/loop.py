@@ -9,22 +9,22 @@ each root-to-leaf path, and the cache keeps the accepted path and nothing after 
 
 from __future__ import annotations
 
-import copy
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import torch
 from transformers import PreTrainedModel, StoppingCriteriaList
 
 from .cache import RowCache, keep_first
-from .coupling import at_offset, is_coupled
-from .drafters.base import Drafter, PerRowDrafter
-from .rules import AcceptanceRule
-from .sampling import Sampler
+from .coupling import at_offset
+from .drafters.base import Drafter, row_drafter
+from .rules import BaseRule
+from .sampling import Generators, Sampler
 from .stats import SpecStats
-from .tree import depths, keep_path, require_full_attention, tree_attention_mask, tree_position_ids, verify_paths
+from .tree import depths, keep_path, require_full_attention, tree_attention_mask, tree_position_ids
 from .types import Draft, StepOutcome, Verdict, VerifyInput, eos_ids
+from .verification import verify_rows
 
 
 @dataclass
@@ -39,103 +39,141 @@ class StepEvent:
     verdict: Verdict
 
 
+class Emitted(NamedTuple):
+    """What one step adds to a row: its accepted draft tokens then the rule's token, cut at a stop."""
+
+    tokens: torch.LongTensor
+    accepted: int  # draft tokens among ``tokens``
+    reasons: dict[str, torch.BoolTensor]  # the row's reasons as [1, positions] masks
+    ended: bool  # an EOS or a stopping criterion ended the row
+
+
+class Rows:
+    """The rows still generating, indexed 0..n-1 in the order of the batch; each holds its prompt, random
+    stream, new tokens and statistics (the lists in ``outputs`` and ``stats`` stay in the batch's order)."""
+
+    def __init__(self, prompts: list[torch.LongTensor], streams: list) -> None:
+        self.outputs: list[list[int]] = [[] for _ in prompts]
+        self.all_stats = [SpecStats() for _ in prompts]
+        self.prompts, self.streams, self.new, self.stats = list(prompts), list(streams), self.outputs, self.all_stats
+
+    def __len__(self) -> int:
+        return len(self.prompts)
+
+    def budgets(self, k: int, max_new_tokens: int) -> list[int]:
+        """Each row's draft length: k, leaving room in its token budget for the token the target adds."""
+        return [min(k, max_new_tokens - len(new) - 1) for new in self.new]
+
+    def sequences(self) -> list[torch.LongTensor]:
+        return [torch.cat([p, torch.tensor(new, dtype=torch.long)]) for p, new in zip(self.prompts, self.new)]
+
+    def generators(self) -> list:
+        """Each row's stream (coupled noise at the row's next output position)."""
+        return [at_offset(s, len(new)) for s, new in zip(self.streams, self.new)]
+
+    def record(self, draft: Draft, paths: list[list[int]], verdict: Verdict, emitted: list[Emitted],
+               draft_time: float, verify_time: float, total_time: float) -> list[StepOutcome]:
+        """Add each row's emitted tokens and count the step in its statistics; returns the outcomes."""
+        outcomes = []
+        for i, e in enumerate(emitted):
+            self.new[i] += e.tokens.tolist()
+            outcomes.append(StepOutcome(_row_length(draft, i), e.accepted, e.tokens[None], _row(verdict, i)))
+            self.stats[i].record_step(outcomes[-1], e.reasons, len(paths[i]), draft_time=draft_time,
+                                      verify_time=verify_time)
+            self.stats[i].total_time = total_time
+        return outcomes
+
+    def keep(self, going: list[int]) -> None:
+        """Only the rows at these indices generate on."""
+        for name in ("prompts", "streams", "new", "stats"):
+            setattr(self, name, [getattr(self, name)[i] for i in going])
+
+    def padded(self, input_ids: torch.LongTensor, pad_token_id: int | None) -> torch.LongTensor:
+        """``input_ids`` followed by each row's new tokens, right-padded to the longest (as transformers returns)."""
+        width = max(len(n) for n in self.outputs)
+        out = torch.full((input_ids.shape[0], width), 0 if pad_token_id is None else pad_token_id, dtype=torch.long)
+        for row, tokens in enumerate(self.outputs):
+            out[row, : len(tokens)] = torch.tensor(tokens, dtype=torch.long)
+        return torch.cat([input_ids, out.to(input_ids.device)], dim=1)
+
+
 def speculative_generate(
-    target: PreTrainedModel,
-    input_ids: torch.LongTensor,
-    *,
-    drafter: Drafter,
-    rule: AcceptanceRule,
-    num_draft_tokens: int,
-    max_new_tokens: int,
-    sampler: Sampler = Sampler(),
-    eos_token_id: int | list[int] | None = None,
-    generator: torch.Generator | list[torch.Generator] | None = None,
-    streamer=None,
-    on_step: Callable[[StepEvent], None] | None = None,
-    attention_mask: torch.Tensor | None = None,
-    pad_token_id: int | None = None,
+    target: PreTrainedModel, input_ids: torch.LongTensor, *, drafter: Drafter, rule: BaseRule, k: int,
+    max_new_tokens: int, sampler: Sampler = Sampler(), eos_token_id: int | list[int] | None = None,
+    generator: Generators = None, streamer=None, on_step: Callable[[StepEvent], None] | None = None,
+    attention_mask: torch.Tensor | None = None, pad_token_id: int | None = None,
     stopping_criteria: StoppingCriteriaList | None = None,
 ) -> tuple[torch.LongTensor, SpecStats]:
     """Generate up to ``max_new_tokens`` after each row of ``input_ids`` [B, T]; returns (sequences, stats).
 
-    Rows may be left-padded (``attention_mask``, as transformers batches). Each step the drafter
-    proposes at most ``num_draft_tokens`` tokens per row (never more than the row's budget left minus
-    the token the target always adds), the target scores all rows in one forward pass, and ``rule``
-    keeps a prefix plus one token per row. A row stops after an EOS token, as transformers does, or at
-    the first token after which ``stopping_criteria`` (transformers' criteria: stop strings, time...)
-    hold; the returned rows are padded on the right with ``pad_token_id``. ``generator``: one, or one per row
-    (then a row draws exactly what it would draw alone). ``stats`` pools the rows; ``stats.rows`` has
-    each row's own when B > 1.
+    Rows may be left-padded (``attention_mask``, as transformers batches). Each step the drafter proposes
+    at most ``k`` tokens per row (never more than the row's budget left minus the token the target always
+    adds), the target scores all rows in one forward pass, and ``rule`` keeps a prefix plus one token per
+    row. A row stops after an EOS token, as transformers does, or at the first token after which
+    ``stopping_criteria`` hold; rows come back right-padded with ``pad_token_id``. ``generator``: one, or
+    one per row (a row then draws what it would draw alone). ``stats`` pools the rows (``stats.rows``).
     """
     prompts = prompt_rows(input_ids, attention_mask)
-    _check_call(drafter, rule, num_draft_tokens, max_new_tokens, len(prompts), streamer)
-    batch = len(prompts)
-    streams = generator if isinstance(generator, (list, tuple)) else [generator] * batch
+    _check_call(drafter, rule, k, max_new_tokens, len(prompts), streamer)
+    rows = Rows(prompts, generator if isinstance(generator, (list, tuple)) else [generator] * len(prompts))
     eos = torch.tensor(eos_ids(eos_token_id), device=input_ids.device)
-    want_hidden = rule.needs_hidden_states or drafter.needs_target_hidden
-    rows = _row_drafter(drafter, batch)
-    stats = [SpecStats() for _ in range(batch)]
-    new: list[list[int]] = [[] for _ in range(batch)]
-    active = list(range(batch))  # the batch rows still generating, by their index in input_ids
-    started = time.perf_counter()
+    drafts, started = row_drafter(drafter, len(rows)), time.perf_counter()
     with torch.inference_mode():
-        cache = RowCache(target, batch, role="target model")
-        rows.reset_rows(prompts)
+        cache = RowCache(target, len(rows), role="target model")
+        drafts.reset_rows(prompts)
         pending = input_ids  # what the target has not seen: the prompts, then each step's last token
         pending_valid = attention_mask.bool() if attention_mask is not None else torch.ones_like(input_ids).bool()
-        while active:
-            # 1. draft: up to k tokens per row, leaving room for the token the target always adds
-            t0 = time.perf_counter()
-            ks = [min(num_draft_tokens, max_new_tokens - len(new[r]) - 1) for r in active]
-            sequences = [torch.cat([prompts[r], torch.tensor(new[r], dtype=torch.long)]) for r in active]
-            gens = [at_offset(streams[r], len(new[r])) for r in active]  # coupled noise: at this step's position
-            draft = (rows.propose_rows(sequences, ks, sampler, gens) if max(ks) > 0
-                     else Draft.empty(len(active), input_ids.device))
-            _check_draft(draft, ks, rule, sampler, is_coupled(gens[0]))
-            # 2. verify: one target forward over the unseen tokens and the drafts, then the rule per row
-            t1 = time.perf_counter()
+        while len(rows):
+            t0 = time.perf_counter()  # 1. draft up to k tokens per row
+            ks, sequences, gens = rows.budgets(k, max_new_tokens), rows.sequences(), rows.generators()
+            draft = (drafts.propose_rows(sequences, ks, sampler, gens) if max(ks) > 0
+                     else Draft.empty(len(rows), input_ids.device))
+            _check_draft(draft, ks, rule, sampler)
+            t1 = time.perf_counter()  # 2. one target forward over the unseen tokens and the drafts; the rule
             start = cache.length + pending.shape[1]  # the draft's tokens enter the cache here
-            inputs, new_valid = target_inputs(cache, pending, pending_valid, draft, target.dtype)
-            out = target(**inputs, logits_to_keep=draft.length + 1, output_hidden_states=want_hidden)
-            cache.extend(new_valid)
-            hidden = out.hidden_states[-1][:, -(draft.length + 1) :] if want_hidden else None
-            x = VerifyInput(draft, sampler.warp(out.logits, sequences, draft.tokens), sampler.do_sample, hidden,
-                            gens[0] if len(gens) == 1 else gens,
-                            extend=extender(target, cache) if batch == 1 and not draft.is_tree else None)
+            x = verify_input(target, cache, pending, pending_valid, draft, sampler, sequences, gens,
+                             rule.needs_hidden_states or drafter.needs_target_hidden, one_row=len(prompts) == 1)
             paths, verdict = verify_rows(rule, x)
-            t2 = time.perf_counter()
-            # 3. emit each row's accepted path and the rule's token (up to an EOS); keep exactly that cached
-            emitted = [emit(draft, i, paths[i], verdict, eos, sequences[i], stopping_criteria)
-                       for i in range(len(active))]
-            commit_cache(cache, start, pending.shape[1], draft, paths, [e[1] for e in emitted])
-            hiddens = [None if hidden is None else hidden[i : i + 1, [0, *(j + 1 for j in paths[i])]]
-                       for i in range(len(active))]
-            rows.commit_rows([e[1] for e in emitted], verdict.next_token, hiddens)
-            # 4. account for the step, tell the drafter how it went, let finished rows go
-            outcomes = []
-            for i, r in enumerate(active):
-                tokens, n, reasons, _ = emitted[i]
-                new[r] += tokens.tolist()
-                outcomes.append(StepOutcome(_row_length(draft, i), n, tokens[None], _row(verdict, i)))
-                stats[r].record_step(outcomes[-1], reasons, len(paths[i]), draft_time=t1 - t0, verify_time=t2 - t1)
-                stats[r].total_time = time.perf_counter() - started
-            rows.feedback_rows(outcomes)
+            t2 = time.perf_counter()  # 3. emit each row's accepted path and the rule's token; cache exactly that
+            emitted = [emit(draft, i, p, verdict, eos, sequences[i], stopping_criteria) for i, p in enumerate(paths)]
+            accepted = [e.accepted for e in emitted]
+            commit_cache(cache, start, pending.shape[1], draft, paths, accepted)
+            drafts.commit_rows(accepted, verdict.next_token, path_hidden(x.target_hidden, paths))
+            drafts.feedback_rows(rows.record(draft, paths, verdict, emitted, t1 - t0, t2 - t1, t2 - started))
             if streamer is not None:
-                streamer.put(emitted[0][0][None].cpu())
+                streamer.put(emitted[0].tokens[None].cpu())
             if on_step is not None:
-                on_step(StepEvent(sum(s.steps for s in stats), _padded(input_ids, new, pad_token_id), cache.cache,
-                                  drafter, draft, verdict))
-            going = [i for i, r in enumerate(active) if not emitted[i][3] and len(new[r]) < max_new_tokens]
-            if len(going) < len(active):
+                on_step(StepEvent(sum(s.steps for s in rows.all_stats), rows.padded(input_ids, pad_token_id),
+                                  cache.cache, drafter, draft, verdict))
+            going = [i for i, e in enumerate(emitted) if not e.ended and len(rows.new[i]) < max_new_tokens]
+            if len(going) < len(rows):  # 4. finished rows leave the batch
                 cache.select(torch.tensor(going, dtype=torch.long))
-                rows.keep_rows(going)
-            sampler = sampler.rows(going)
-            pending = verdict.next_token[going, None]
+                drafts.keep_rows(going)
+                rows.keep(going)
+            sampler, pending = sampler.rows(going), verdict.next_token[going, None]
             pending_valid = torch.ones_like(pending, dtype=torch.bool)
-            active = [active[i] for i in going]
     if streamer is not None:
         streamer.end()
-    return _padded(input_ids, new, pad_token_id), SpecStats.pooled(stats, time.perf_counter() - started)
+    return rows.padded(input_ids, pad_token_id), SpecStats.pooled(rows.all_stats, time.perf_counter() - started)
+
+
+def verify_input(target: PreTrainedModel, cache: RowCache, pending: torch.LongTensor, pending_valid: torch.BoolTensor,
+                 draft: Draft, sampler: Sampler, sequences: list[torch.LongTensor], generators: list,
+                 want_hidden: bool, one_row: bool) -> VerifyInput:
+    """Run the target once over each row's unseen tokens and its draft (extending ``cache``) and build what
+    the rule sees: the warped logits of the draft positions and the one after, and hidden states on request."""
+    inputs, new_valid = target_inputs(cache, pending, pending_valid, draft, target.dtype)
+    out = target(**inputs, logits_to_keep=draft.length + 1, output_hidden_states=want_hidden)
+    cache.extend(new_valid)
+    hidden = out.hidden_states[-1][:, -(draft.length + 1) :] if want_hidden else None
+    return VerifyInput(draft, sampler.warp(out.logits, sequences, draft.tokens), sampler.do_sample, hidden,
+                       generators[0] if len(generators) == 1 else generators,
+                       extend=extender(target, cache) if one_row and not draft.is_tree else None)
+
+
+def path_hidden(hidden: torch.Tensor | None, paths: list[list[int]]) -> list[torch.Tensor | None]:
+    """Each row's target hidden states at the positions it kept: the root, then its judged path."""
+    return [None if hidden is None else hidden[i : i + 1, [0, *(j + 1 for j in path)]] for i, path in enumerate(paths)]
 
 
 def target_inputs(cache: RowCache, pending: torch.LongTensor, pending_valid: torch.BoolTensor, draft: Draft,
@@ -173,49 +211,11 @@ def extender(target: PreTrainedModel, cache: RowCache) -> Callable[[torch.LongTe
     return extend
 
 
-def verify_rows(rule: AcceptanceRule, x: VerifyInput) -> tuple[list[list[int]], Verdict]:
-    """Each row's judged path and one verdict for the batch. One row: every path of its draft (a tree's
-    too, see :func:`verify_paths`). Several rows: each row's chain draft on its own, so that a row's
-    verdict, and the random draws it takes from its own stream, are what they would be alone."""
-    batch = x.draft.tokens.shape[0]
-    if batch == 1 and x.draft.lengths is None:
-        path, verdict = verify_paths(rule, x)
-        return [path], verdict
-    k = x.k
-    lengths = x.draft.lengths.tolist() if x.draft.lengths is not None else [k] * batch
-    n, token = torch.zeros(batch, dtype=torch.long), torch.zeros(batch, dtype=torch.long)
-    reasons: dict[str, torch.Tensor] = {}
-    scores: dict[str, torch.Tensor] = {}
-    target_tokens = None
-    for row, length in enumerate(lengths):
-        part = rule(_row_input(x, row, length))
-        n[row], token[row] = part.n_accepted[0], part.next_token[0]
-        for name, mask in part.reasons.items():
-            reasons.setdefault(name, torch.zeros(batch, k, dtype=torch.bool))[row, :length] = mask[0]
-        for name, value in part.scores.items():
-            scores.setdefault(name, torch.full((batch,), float("nan")))[row] = float(value[0])
-        if part.target_tokens is not None:
-            if target_tokens is None:
-                target_tokens = torch.full((batch, k), -1, dtype=torch.long)
-            target_tokens[row, :length] = part.target_tokens[0]
-    return [list(range(length)) for length in lengths], Verdict(n, token, reasons, scores, target_tokens)
-
-
-def _row_input(x: VerifyInput, row: int, length: int) -> VerifyInput:
-    """The rule's input for one row of a batch, whose draft is ``length`` tokens long."""
-    d, r = x.draft, slice(row, row + 1)
-    draft = Draft(d.tokens[r, :length], None if d.probs is None else d.probs[r, :length])
-    hidden = None if x.target_hidden is None else x.target_hidden[r, : length + 1]
-    generator = x.generator[row] if isinstance(x.generator, (list, tuple)) else x.generator
-    return VerifyInput(draft, x.target_logits[r, : length + 1], x.do_sample, hidden, generator)
-
-
 def emit(draft: Draft, row: int, path: list[int], verdict: Verdict, eos: torch.Tensor, sequence: torch.LongTensor,
-         stopping_criteria: StoppingCriteriaList | None = None) -> tuple[torch.LongTensor, int, dict, bool]:
+         stopping_criteria: StoppingCriteriaList | None = None) -> Emitted:
     """The tokens a verdict adds to ``row`` (whose text so far is ``sequence``): its accepted path, then
     the rule's token, cut after the first EOS or the first token after which ``stopping_criteria`` hold
-    (nothing after it is emitted, nor counted as accepted). Returns (tokens, accepted, the row's
-    reasons as [1, positions] masks, whether the row ended)."""
+    (nothing after it is emitted, nor counted as accepted)."""
     n = int(verdict.n_accepted[row])
     emitted = torch.cat([draft.tokens[row, path[:n]], verdict.next_token[row : row + 1]])
     reasons = {name: mask[row : row + 1, : len(path)] for name, mask in verdict.reasons.items()}
@@ -226,8 +226,8 @@ def emit(draft: Draft, row: int, path: list[int], verdict: Verdict, eos: torch.T
                 end = j
                 break
     if end is None:
-        return emitted, n, reasons, False
-    return emitted[:end], min(n, end), {name: mask[:, :end] for name, mask in reasons.items()}, True
+        return Emitted(emitted, n, reasons, False)
+    return Emitted(emitted[:end], min(n, end), {name: mask[:, :end] for name, mask in reasons.items()}, True)
 
 
 def commit_cache(cache: RowCache, start: int, pending: int, draft: Draft, paths: list[list[int]],
@@ -261,19 +261,6 @@ def prompt_rows(input_ids: torch.LongTensor, attention_mask: torch.Tensor | None
     return [ids[m] for ids, m in zip(input_ids, mask)]
 
 
-def _row_drafter(drafter: Drafter, batch: int):
-    """The drafter as a batch of rows: itself when it drafts rows together (a draft model), else one
-    copy per row of a single-sequence drafter (prompt lookup, retrieval), or itself for one row."""
-    if batch > 1 and getattr(drafter, "batch_rows", False):
-        return drafter
-    if batch == 1:
-        return PerRowDrafter([drafter])
-    if not getattr(drafter, "per_row_copies", True):
-        raise NotImplementedError(f"{type(drafter).__name__} drafts one sequence at a time; decode with batch "
-                                  "size 1 (or use assistant_model= for token drafts)")
-    return PerRowDrafter([copy.copy(drafter) for _ in range(batch)])
-
-
 def _row_length(draft: Draft, row: int) -> int:
     return draft.length if draft.lengths is None else int(draft.lengths[row])
 
@@ -286,20 +273,11 @@ def _row(verdict: Verdict, row: int) -> Verdict:
                    None if verdict.target_tokens is None else verdict.target_tokens[row : row + 1])
 
 
-def _padded(input_ids: torch.LongTensor, new: list[list[int]], pad_token_id: int | None) -> torch.LongTensor:
-    """``input_ids`` followed by each row's new tokens, right-padded to the longest (as transformers returns)."""
-    width = max(len(n) for n in new)
-    out = torch.full((input_ids.shape[0], width), 0 if pad_token_id is None else pad_token_id, dtype=torch.long)
-    for row, tokens in enumerate(new):
-        out[row, : len(tokens)] = torch.tensor(tokens, dtype=torch.long)
-    return torch.cat([input_ids, out.to(input_ids.device)], dim=1)
-
-
-def _check_call(drafter, rule, num_draft_tokens, max_new_tokens, batch, streamer) -> None:
+def _check_call(drafter: Drafter, rule: BaseRule, k: int, max_new_tokens: int, batch: int, streamer) -> None:
     if max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
-    if num_draft_tokens < 1:
-        raise ValueError(f"the number of draft tokens per step (k) must be >= 1, got {num_draft_tokens}")
+    if k < 1:
+        raise ValueError(f"the number of draft tokens per step (k) must be >= 1, got {k}")
     if rule.needs_draft_probs and not drafter.gives_probs:
         raise ValueError(
             f"acceptance rule {rule.name!r} needs draft probabilities, but {type(drafter).__name__} "
@@ -309,16 +287,12 @@ def _check_call(drafter, rule, num_draft_tokens, max_new_tokens, batch, streamer
         raise ValueError("a streamer takes one sequence, as in transformers; decode with batch size 1 to stream")
 
 
-def _check_draft(draft: Draft, ks: list[int], rule: AcceptanceRule, sampler: Sampler, coupled: bool) -> None:
+def _check_draft(draft: Draft, ks: list[int], rule: BaseRule, sampler: Sampler) -> None:
     k = max(ks)
     if draft.is_tree:
         if sampler.processors is not None:
             raise NotImplementedError("logits processors (repetition_penalty, min_new_tokens, ...) are applied to "
                                       "chain drafts; use a chain drafter with them")
-        if sampler.do_sample and not coupled and not hasattr(rule, "verify_tree"):
-            raise NotImplementedError(f"rule {rule.name!r} judges tree drafts path by path, which is exact for "
-                                      "greedy decoding only; sample over trees with rule='speculative', or use "
-                                      "do_sample=False or a chain drafter")
         deepest = int(depths(draft.parents).max()) if draft.length else 0
         if deepest > k:
             raise ValueError(f"the drafter proposed a tree {deepest} tokens deep, deeper than the {k} asked for")

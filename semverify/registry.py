@@ -14,8 +14,16 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
-from .drafters import Drafter, HybridDrafter, ModelDrafter, ModelTreeDrafter, NoDrafter, PromptLookupDrafter
-from .rules import AcceptanceRule, GreedyMatch, SpeculativeSampling, TypicalAcceptance
+from .drafters import (
+    BaseDrafter,
+    Drafter,
+    HybridDrafter,
+    ModelDrafter,
+    ModelTreeDrafter,
+    NoDrafter,
+    PromptLookupDrafter,
+)
+from .rules import BaseRule, GreedyMatch, SpeculativeSampling, TypicalAcceptance
 
 
 @dataclass(frozen=True)
@@ -39,14 +47,14 @@ class RunContext:
 
 @dataclass(frozen=True)
 class _RuleEntry:
-    factory: Callable[..., AcceptanceRule]
+    factory: Callable[..., BaseRule]
     contextual: bool  # called as factory(context, **params)
 
 
 _RULES: dict[str, _RuleEntry] = {}
 
 
-def register_rule(name: str, factory: Callable[..., AcceptanceRule], *, contextual: bool = False) -> None:
+def register_rule(name: str, factory: Callable[..., BaseRule], *, contextual: bool = False) -> None:
     """Make the rule name ``name`` build ``factory(**params)``, or ``factory(context, **params)`` when
     ``contextual`` (the rule needs to know the run: models, temperature, tokenizer)."""
     _RULES[name] = _RuleEntry(factory, contextual)
@@ -57,13 +65,13 @@ def available_rules() -> list[str]:
     return sorted(_RULES)
 
 
-def get_rule(rule: str | AcceptanceRule, context: RunContext | None = None, **params) -> AcceptanceRule:
+def get_rule(rule: str | BaseRule, context: RunContext | None = None, **params) -> BaseRule:
     """A rule object from a registered name (with constructor params), or a rule object passed through."""
     if not isinstance(rule, str):
         if params:
             raise ValueError("rule parameters are only accepted with a rule name, not a rule object")
-        if not isinstance(rule, AcceptanceRule):
-            raise TypeError(f"rule must be a rule name or an AcceptanceRule, got {type(rule).__name__}")
+        if not isinstance(rule, BaseRule):
+            raise TypeError(f"rule must be a rule name or a BaseRule (semverify.rules), got {type(rule).__name__}")
         return rule
     if rule not in _RULES:
         raise ValueError(f"unknown acceptance rule {rule!r}; available: {', '.join(available_rules())}")
@@ -123,17 +131,29 @@ class DraftResources:
 
 @dataclass(frozen=True)
 class DrafterKind:
-    """A way to draft: ``factory(resources, k, **settings) -> Drafter``; ``needs`` names the resources
-    it draws on (``draft_model``, ``draft_model_int8``, ``tokenizer``, ``datastore``) and ``settings`` the
-    constructor settings a method may give it (``drafter.NAME=value``)."""
+    """A way to draft: ``factory(resources, k, **settings)`` builds a ``drafter`` (the class, whose declared
+    abilities the kind reports before anything is built); ``needs`` names the resources it draws on
+    (``draft_model``, ``draft_model_int8``, ``tokenizer``, ``datastore``) and ``settings`` the constructor
+    settings a method may give it (``drafter.NAME=value``)."""
 
     name: str
     factory: Callable[..., Drafter]
+    drafter: type[BaseDrafter]
     needs: tuple[str, ...] = ()
     settings: tuple[str, ...] = ()
     default_k: int = 5
     retrieval: bool = False  # drafts from a datastore: the run's, or a method's own ``drafter.datastore``
-    batches: bool = True  # can draft for a batch of rows (generate() with input_ids [B > 1, T])
+    step_cap: bool = False  # k caps a whole step's tokens, not a token draft's length
+
+    @property
+    def gives_probs(self) -> bool:
+        """Do its drafts carry the distribution they were sampled from (as EASD needs)?"""
+        return self.drafter.gives_probs
+
+    @property
+    def batches(self) -> bool:
+        """Can it draft for a batch of rows (generate() with input_ids [B > 1, T])?"""
+        return self.drafter.batching != "single"
 
 
 _DRAFTERS: dict[str, DrafterKind] = {}
@@ -217,7 +237,7 @@ class Method:
                   if k not in _CONTEXT_PARAMS or str(v).endswith((".json", ".pt"))}
         return cls(**{**record, "rule_params": params})
 
-    def build_rule(self, context: RunContext | None = None) -> AcceptanceRule:
+    def build_rule(self, context: RunContext | None = None) -> BaseRule:
         return get_rule(self.rule, context, **self.rule_params)
 
     def checked(self, context: RunContext | None = None) -> "Method":
@@ -227,7 +247,7 @@ class Method:
             rule = self.build_rule(context)
         except (ValueError, TypeError, FileNotFoundError) as err:
             raise ValueError(f"method {self.name!r}: {err}") from err
-        if rule.needs_draft_probs and self.drafter not in ("model", "model_int8"):
+        if rule.needs_draft_probs and not drafter_kind(self.drafter).gives_probs:
             raise ValueError(f"method {self.name!r}: rule {self.rule!r} needs draft probabilities, which the "
                              f"{self.drafter!r} drafter cannot give; use drafter 'model'")
         return self
@@ -370,15 +390,16 @@ def _prompt_lookup(resources: DraftResources, k: int, **settings) -> PromptLooku
 register_rule("greedy", GreedyMatch)
 register_rule("speculative", SpeculativeSampling)
 register_rule("typical", TypicalAcceptance)
-register_drafter(DrafterKind("none", lambda resources, k: NoDrafter()))
+register_drafter(DrafterKind("none", lambda resources, k: NoDrafter(), NoDrafter))
 _ADAPTIVE = ("entropy_stop", "adaptive", "start")  # a model drafter's own settings (drafter.NAME=...)
-register_drafter(DrafterKind("model", _model_drafter, needs=("draft_model",), settings=_ADAPTIVE))
-register_drafter(DrafterKind("model_int8", _int8_model_drafter, needs=("draft_model_int8",), settings=_ADAPTIVE))
-register_drafter(DrafterKind("model_tree", _model_tree_drafter, needs=("draft_model",),
-                             settings=("budget", "branch", "threshold"), default_k=8, batches=False))
-register_drafter(DrafterKind("hybrid", _hybrid_drafter, needs=("draft_model",), settings=("min_tokens", *_ADAPTIVE),
-                             batches=False))
-register_drafter(DrafterKind("prompt_lookup", _prompt_lookup, settings=("prefer",), default_k=10))
+register_drafter(DrafterKind("model", _model_drafter, ModelDrafter, needs=("draft_model",), settings=_ADAPTIVE))
+register_drafter(DrafterKind("model_int8", _int8_model_drafter, ModelDrafter, needs=("draft_model_int8",),
+                             settings=_ADAPTIVE))
+register_drafter(DrafterKind("model_tree", _model_tree_drafter, ModelTreeDrafter, needs=("draft_model",),
+                             settings=("budget", "branch", "threshold"), default_k=8))
+register_drafter(DrafterKind("hybrid", _hybrid_drafter, HybridDrafter, needs=("draft_model",),
+                             settings=("min_tokens", *_ADAPTIVE)))
+register_drafter(DrafterKind("prompt_lookup", _prompt_lookup, PromptLookupDrafter, settings=("prefer",), default_k=10))
 for _preset in (
     Method("vanilla", "none"),
     Method("draft_alone", "none", decoder="draft"),  # the draft model by itself: how good is what it proposes?

@@ -7,25 +7,59 @@ are tested on hand-built tensors; the loop is the only place that runs models.
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
-
 import torch
 
 from .coupling import is_coupled
 from .sampling import sample_from, uniform
 from .types import Verdict, VerifyInput
+from .verification import sample_tree, verify_paths
 
 
-@runtime_checkable
-class AcceptanceRule(Protocol):
-    """What the loop needs from a rule; see :mod:`semverify.rules` for the contract."""
+class BaseRule:
+    """The rule contract, with defaults: a rule subclasses this and implements ``__call__``.
 
-    name: str
-    lossless: bool
-    needs_draft_probs: bool
-    needs_hidden_states: bool
+    Flags: ``lossless`` (keeps the target's output distribution), ``needs_draft_probs`` (reads
+    ``draft.probs``), ``needs_hidden_states`` (reads ``target_hidden``); ``preferred_drafter`` is the
+    drafter kind ``generate(assistant_model=...)`` builds for it. Optional abilities are methods:
+    :meth:`verify_tree`, :meth:`verify_sampled_tree`, and :attr:`artifacts` (files the rule was built from).
+    """
 
-    def __call__(self, x: VerifyInput) -> Verdict: ...
+    name: str = "rule"
+    lossless: bool = False
+    needs_draft_probs: bool = False
+    needs_hidden_states: bool = False
+    preferred_drafter: str = "model"
+    _sources: tuple[str, ...] = ()
+
+    def __call__(self, x: VerifyInput) -> Verdict:
+        raise NotImplementedError(f"{type(self).__name__} must implement __call__(x: VerifyInput) -> Verdict")
+
+    @property
+    def artifacts(self) -> tuple[str, ...]:
+        """The files this rule was built from (calibrations, probes): runs pin them by content."""
+        return self._sources
+
+    def built_from(self, *sources: str) -> "BaseRule":
+        """Record the files this rule was built from (see :attr:`artifacts`); returns the rule."""
+        self._sources = tuple(sources)
+        return self
+
+    def verify_tree(self, x: VerifyInput) -> tuple[list[int], Verdict]:
+        """The accepted path and verdict of a tree draft. Greedy and coupled decoding judge it path by path
+        (:func:`~semverify.verification.verify_paths`), which is exact there; sampled trees go to
+        :meth:`verify_sampled_tree`."""
+        if x.do_sample and not is_coupled(x.generator):
+            return self.verify_sampled_tree(x)
+        return verify_paths(self, x)
+
+    def verify_sampled_tree(self, x: VerifyInput) -> tuple[list[int], Verdict]:
+        """A sampled (uncoupled) tree draft: refused unless the rule knows a lossless scheme for it."""
+        raise NotImplementedError(f"rule {self.name!r} judges tree drafts path by path, which is exact for "
+                                  "greedy decoding only; sample over trees with rule='speculative', or use "
+                                  "do_sample=False or a chain drafter")
+
+
+AcceptanceRule = BaseRule  # the former name of the contract, kept for type hints in user code
 
 
 def leading_true(mask: torch.Tensor) -> torch.LongTensor:
@@ -55,7 +89,7 @@ def target_choices(x: VerifyInput) -> torch.LongTensor:
     return x.target_logits.argmax(dim=-1)
 
 
-class GreedyMatch:
+class GreedyMatch(BaseRule):
     """Keep the longest draft prefix equal to the target's own choices, then the target's next choice.
 
     Greedy: the choices are argmaxes, so output equals greedy target decoding. Sampling: the target
@@ -65,8 +99,6 @@ class GreedyMatch:
 
     name = "greedy"
     lossless = True
-    needs_draft_probs = False
-    needs_hidden_states = False
 
     def __call__(self, x: VerifyInput) -> Verdict:
         choice = target_choices(x)
@@ -75,7 +107,7 @@ class GreedyMatch:
         return Verdict(n, at_position(choice, n), {"exact": prefix_mask(n, x.k)})
 
 
-class SpeculativeSampling:
+class SpeculativeSampling(BaseRule):
     """Leviathan/Chen rejection sampling: accept x with prob min(1, p(x)/q(x)), else draw from (p-q)+.
 
     With no draft probabilities (a deterministic proposer) q is one-hot, so x is kept with prob p(x)
@@ -84,13 +116,11 @@ class SpeculativeSampling:
     coupled target token, which makes the output the target alone's whatever the drafter (trees too,
     path by path), at the cost of accepting less than min(1, p/q) when the draft did not share the noise.
     A sampled token tree is verified sibling by sibling with the same one-hot test
-    (:meth:`verify_tree`); a subclass that changes the test must change that too.
+    (:meth:`verify_sampled_tree`); a subclass that changes the test must change that too.
     """
 
     name = "speculative"
     lossless = True
-    needs_draft_probs = False
-    needs_hidden_states = False
 
     def __call__(self, x: VerifyInput) -> Verdict:
         if not x.do_sample or is_coupled(x.generator):
@@ -98,10 +128,8 @@ class SpeculativeSampling:
         n = leading_true(ratio_test(x))
         return Verdict(n, draw_after(x, n), {"ratio": prefix_mask(n, x.k)})
 
-    def verify_tree(self, x: VerifyInput) -> tuple[list[int], Verdict]:
-        """The accepted path and verdict of a sampled tree draft (see :func:`semverify.tree.sample_tree`)."""
-        from .tree import sample_tree  # the tree module builds on the rules
-
+    def verify_sampled_tree(self, x: VerifyInput) -> tuple[list[int], Verdict]:
+        """Sibling by sibling, lossless (see :func:`semverify.verification.sample_tree`)."""
         return sample_tree(x)
 
 
@@ -141,7 +169,7 @@ def entropy(probs: torch.Tensor) -> torch.Tensor:
     return -(probs * torch.log(probs.clamp_min(torch.finfo(probs.dtype).tiny))).sum(dim=-1)
 
 
-class TypicalAcceptance:
+class TypicalAcceptance(BaseRule):
     """Medusa's typical acceptance: keep x when p(x) > min(eps, delta * exp(-H(p))), or x is the argmax.
 
     Lossy: confident target positions demand high p(x), uncertain ones accept plausible tokens.
@@ -150,9 +178,6 @@ class TypicalAcceptance:
     """
 
     name = "typical"
-    lossless = False
-    needs_draft_probs = False
-    needs_hidden_states = False
 
     def __init__(self, posterior_threshold: float = 0.09, posterior_alpha: float = 0.3) -> None:
         if posterior_threshold < 0 or posterior_alpha < 0:

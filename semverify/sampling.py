@@ -85,12 +85,6 @@ class Sampler:
         """Softmax of the warped logits, fp32."""
         return torch.softmax(self.warp(logits, prefixes, following), dim=-1)
 
-    def choose(self, logits: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-        """One token per row of [..., V] logits: argmax when greedy, else a draw from ``probs``."""
-        if not self.do_sample:
-            return logits.argmax(dim=-1)
-        return sample_from(self.probs(logits), generator)
-
 
 Generators = torch.Generator | CoupledNoise | Sequence[torch.Generator | CoupledNoise] | None  # one, or one per row
 

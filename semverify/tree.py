@@ -1,4 +1,4 @@
-"""Token trees: one target forward over many draft branches, path-wise verification, KV compaction.
+"""Token trees: one target forward over many draft branches, their masks and positions, KV compaction.
 
 A tree draft is a flat list of n tokens with ``parents[i] < i`` (-1: a child of the last accepted
 token, the "root"). The target sees ``[root, t_0, ..., t_{n-1}]`` with a 4-D attention mask in which
@@ -8,18 +8,12 @@ every branch is scored exactly as if it had been verified alone (SpecInfer, REST
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from functools import cached_property
-
 import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from .cache import UnsupportedCacheError
-from .coupling import is_coupled
-from .rules import AcceptanceRule
-from .sampling import sample_from, uniform
-from .types import Draft, Verdict, VerifyInput
+from .types import Draft
 
 
 def depths(parents: torch.LongTensor) -> torch.LongTensor:
@@ -74,87 +68,6 @@ def tree_position_ids(parents: torch.LongTensor, past: int, pending: int,
     """[1, pending+n] positions: context tokens in order, a node at the root's position + its depth."""
     ctx = torch.arange(past, past + pending)
     return torch.cat([ctx, past + pending - 1 + depths(parents)])[None].to(device)
-
-
-@dataclass
-class PathInput(VerifyInput):
-    """One root-to-leaf path of a tree input: its target probabilities are rows of the parent's, so
-    the softmax over the vocabulary runs once per tree (and only if a rule asks), not once per path."""
-
-    parent: VerifyInput | None = None
-    rows: list[int] | None = None
-
-    @cached_property
-    def target_probs(self) -> torch.FloatTensor:
-        return self.parent.target_probs[:, self.rows]
-
-
-def verify_paths(rule: AcceptanceRule, x: VerifyInput) -> tuple[list[int], Verdict]:
-    """Run ``rule`` on every root-to-leaf path of the draft in ``x`` and keep the longest acceptance.
-
-    A chain is the one-path case and is judged as it is. A sampled tree goes to the rule's
-    ``verify_tree`` (speculative sampling: :func:`sample_tree`): path by path is exact for greedy only.
-    For a greedy tree, ``x.target_logits`` (and hidden states) hold the n+1 rows of ``[root, nodes...]``;
-    a path's input takes the root row and its nodes' rows. Ties go to the first path. Returns the chosen
-    path (node indices) and its verdict.
-    """
-    draft = x.draft
-    if not draft.is_tree:
-        return list(range(draft.length)), rule(x)
-    if x.do_sample and not is_coupled(x.generator):  # coupled noise is matched path by path, as greedy is
-        return rule.verify_tree(x)
-    best: tuple[list[int], Verdict] | None = None
-    for path in leaf_paths(draft.parents):
-        rows = [0] + [i + 1 for i in path]
-        chain = Draft(tokens=draft.tokens[:, path], probs=None if draft.probs is None else draft.probs[:, path])
-        hidden = None if x.target_hidden is None else x.target_hidden[:, rows]
-        verdict = rule(PathInput(chain, x.target_logits[:, rows], x.do_sample, hidden, x.generator, parent=x,
-                                 rows=rows))
-        if best is None or int(verdict.n_accepted[0]) > int(best[1].n_accepted[0]):
-            best = (path, verdict)
-    assert best is not None, "a tree draft has at least one leaf"
-    return best
-
-
-def sample_tree(x: VerifyInput) -> tuple[list[int], Verdict]:
-    """Lossless sampling over a tree of proposals chosen without the target's draws (one row).
-
-    From the root down: the children of a node are tried in order, and a child with token t is kept with
-    probability p'(t), where p' is the target's distribution at the node with the earlier siblings'
-    tokens removed (renormalised). The first kept child is descended into; when none is kept, the next
-    token is drawn from what is left of p'. Each test is speculative sampling with a one-hot proposal, so
-    every emitted token is an exact draw from the target's distribution whatever the tree (EAGLE's
-    multi-candidate rule). Returns a root-to-leaf path through the accepted nodes and the verdict.
-    """
-    draft, probs = x.draft, x.target_probs[0]  # rows [root, nodes...]
-    children: dict[int, list[int]] = {}
-    for node, parent in enumerate(draft.parents.tolist()):
-        children.setdefault(parent, []).append(node)
-    tokens = draft.tokens[0].tolist()
-    node, accepted = -1, []
-    while True:
-        left = probs[node + 1].clone()
-        kept = None
-        for child in children.get(node, []):
-            total = left.sum()
-            if total <= 0:
-                break
-            if float(uniform((1,), x.generator, left.device)[0] * total) < float(left[tokens[child]]):
-                kept = child
-                break
-            left[tokens[child]] = 0.0
-        if kept is None:
-            break
-        accepted.append(kept)
-        node = kept
-    if left.sum() <= 0:  # every token of p' was tried and refused: p itself had no mass elsewhere
-        left = probs[node + 1]
-    path = list(accepted)
-    while children.get(path[-1] if path else -1):  # on to a leaf, for per-position counts
-        path.append(children[path[-1] if path else -1][0])
-    n = torch.tensor([len(accepted)], device=draft.tokens.device)
-    next_token = sample_from(left[None], x.generator)
-    return path, Verdict(n, next_token, {"ratio": torch.arange(len(path))[None, :] < len(accepted)})
 
 
 def require_full_attention(cache: DynamicCache) -> None:

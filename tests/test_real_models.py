@@ -63,7 +63,7 @@ def test_qwen_pair_easd_calibrated_default_penalises_and_never_emits_the_draft(q
             seen.append((int(event.verdict.next_token), int(event.draft.tokens[0, n])))
 
     def run(rule, **extra):
-        return speculative_generate(target, ids, drafter=ModelDrafter(draft), rule=rule, num_draft_tokens=5,
+        return speculative_generate(target, ids, drafter=ModelDrafter(draft), rule=rule, k=5,
                                     max_new_tokens=64, sampler=Sampler(do_sample=True, temperature=0.7),
                                     generator=torch.Generator().manual_seed(3), **extra)
 
@@ -86,7 +86,7 @@ def test_smollm_sense_at_theta_one_matches_greedy(smollm, tmp_path):
     for ids in gsm8k_ids(tokenizer, 2):
         expected = model.generate(ids, do_sample=False, max_new_tokens=48)
         out, stats = speculative_generate(model, ids, drafter=RetrievalDrafter(store),
-                                          rule=get_rule("sense", theta_e=1.0), num_draft_tokens=8, max_new_tokens=48)
+                                          rule=get_rule("sense", theta_e=1.0), k=8, max_new_tokens=48)
         assert torch.equal(out, expected)
         assert stats.accepted > 0
 

@@ -10,7 +10,7 @@ import torch
 
 from evals.lm_eval_tasks import write_tasks
 from semverify.commands import Command
-from semverify.models import cache_root
+from semverify.model_cache import cache_root
 
 
 def configure(p: argparse.ArgumentParser) -> None:

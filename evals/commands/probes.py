@@ -9,7 +9,8 @@ from pathlib import Path
 
 from evals.benchmarks import get_benchmark
 from semverify.commands import Command, non_negative_int, positive_int
-from semverify.models import cache_root, load_model
+from semverify.model_cache import cache_root
+from semverify.models import load_model
 from semverify.semanticspec import judges, labelling, pair_key, training
 
 from .common import add_models

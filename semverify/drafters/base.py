@@ -1,13 +1,17 @@
-"""The drafter protocol the loop drives, a base class with its no-op hooks, and the empty drafter."""
+"""The drafter protocols the loop drives (one sequence; a batch of rows), a base class with its no-op
+hooks and declared abilities, and the empty drafter."""
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+import copy
+from typing import Literal, Protocol, runtime_checkable
 
 import torch
 
 from ..sampling import Sampler
 from ..types import Draft, StepOutcome
+
+Batching = Literal["rows", "copies", "single"]  # how a drafter serves a batch (see BaseDrafter)
 
 
 @runtime_checkable
@@ -16,10 +20,12 @@ class Drafter(Protocol):
 
     ``gives_probs``: whether drafts carry the q they were sampled from. ``needs_target_hidden``:
     whether ``commit`` wants the target's last-layer hidden states of the verified positions.
+    ``batching``: how it serves a batch (see :class:`BaseDrafter`).
     """
 
     gives_probs: bool
     needs_target_hidden: bool
+    batching: Batching
 
     def reset(self, input_ids: torch.LongTensor) -> None:
         """Start a new generation from the prompt ``input_ids`` [1, T]."""
@@ -38,11 +44,43 @@ class Drafter(Protocol):
         """How the last step went, after ``commit``: where adaptive draft lengths learn."""
 
 
+@runtime_checkable
+class RowDrafter(Protocol):
+    """What the loop drives: a drafter for every row of a batch at once (rows keep their own state, and
+    leave the batch with ``keep_rows``). :func:`row_drafter` makes one of any :class:`Drafter`."""
+
+    gives_probs: bool
+    needs_target_hidden: bool
+
+    def reset_rows(self, prompts: list[torch.LongTensor]) -> None:
+        """Start each row from its prompt (no padding)."""
+
+    def propose_rows(self, sequences: list[torch.LongTensor], ks: list[int], sampler: Sampler,
+                     generators: list) -> Draft:
+        """Up to ``ks[b]`` tokens after each row's sequence, padded to one width with their ``lengths``."""
+
+    def commit_rows(self, accepted: list[int], next_tokens: torch.LongTensor,
+                    target_hidden: list[torch.Tensor | None]) -> None:
+        """Each row kept its first ``accepted[b]`` draft tokens, then ``next_tokens[b]``."""
+
+    def feedback_rows(self, outcomes: list[StepOutcome]) -> None:
+        """How the last step went for each row."""
+
+    def keep_rows(self, rows: list[int]) -> None:
+        """Only the rows at these indices generate on."""
+
+
 class BaseDrafter:
-    """No-op ``reset``, ``commit`` and ``feedback``: a drafter overrides what it needs."""
+    """No-op ``reset``, ``commit`` and ``feedback``: a drafter overrides what it needs.
+
+    ``batching`` declares how it serves a batch: ``"rows"``, it drafts every row itself (it implements
+    :class:`RowDrafter`, as the draft model does); ``"copies"``, one copy per row (per-sequence state, no
+    shared model: prompt lookup, retrieval); ``"single"``, one sequence only (trees, steps).
+    """
 
     gives_probs = False
     needs_target_hidden = False
+    batching: Batching = "copies"
 
     def reset(self, input_ids: torch.LongTensor) -> None:
         pass
@@ -52,11 +90,6 @@ class BaseDrafter:
 
     def feedback(self, outcome: StepOutcome) -> None:
         pass
-
-    def feedback_rows(self, outcomes: list[StepOutcome]) -> None:
-        """A batch drafter hears each row's outcome."""
-        for outcome in outcomes:
-            self.feedback(outcome)
 
 
 class NoDrafter(BaseDrafter):
@@ -104,6 +137,19 @@ class PerRowDrafter:
 
     def keep_rows(self, rows: list[int]) -> None:
         self.drafters = [self.drafters[i] for i in rows]
+
+
+def row_drafter(drafter: Drafter, batch: int) -> RowDrafter:
+    """The drafter as a batch of rows: itself when it drafts rows together (a draft model), else one
+    copy per row of a single-sequence drafter (prompt lookup, retrieval), or itself for one row."""
+    if batch == 1:
+        return PerRowDrafter([drafter])
+    if drafter.batching == "rows":
+        return drafter
+    if drafter.batching == "single":
+        raise NotImplementedError(f"{type(drafter).__name__} drafts one sequence at a time; decode with batch "
+                                  "size 1 (or use assistant_model= for token drafts)")
+    return PerRowDrafter([copy.copy(drafter) for _ in range(batch)])
 
 
 def pad_drafts(drafts: list[Draft]) -> Draft:

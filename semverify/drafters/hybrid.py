@@ -19,14 +19,14 @@ class HybridDrafter(BaseDrafter):
     draft's distribution (easd) cannot take this drafter."""
 
     gives_probs = False
-    per_row_copies = False  # holds a model cache
+    batching = "single"  # holds a model cache for one sequence
 
     def __init__(self, model_drafter: ModelDrafter, lookup: PromptLookupDrafter | None = None,
                  min_tokens: int = 2) -> None:
         if min_tokens < 1:
             raise ValueError(f"min_tokens must be >= 1, got {min_tokens}")
         self.model_drafter, self.lookup, self.min_tokens = model_drafter, lookup or PromptLookupDrafter(), min_tokens
-        self.looked_up = 0  # steps drafted by lookup, for the statistics' readers
+        self.looked_up = 0  # steps drafted by lookup since reset (how often lookup served)
 
     def reset(self, input_ids: torch.LongTensor) -> None:
         self.model_drafter.reset(input_ids)

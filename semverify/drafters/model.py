@@ -30,8 +30,7 @@ class ModelDrafter(BaseDrafter):
 
     gives_probs = True
     needs_target_hidden = False
-    batch_rows = True  # drafts a batch in lockstep (see propose_rows)
-    per_row_copies = False  # holds a model cache: one drafter serves every row
+    batching = "rows"  # one model cache serves every row, drafted in lockstep (see propose_rows)
 
     def __init__(self, model: PreTrainedModel, confidence_threshold: float | None = None,
                  eos_token_id: int | list[int] | None = None, entropy_stop: float | None = None,

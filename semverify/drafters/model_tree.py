@@ -6,7 +6,7 @@ under a tree mask (each node sees the sequence and its own ancestors), within a 
 verification forward over 24 tokens costs little more than over 1 (a memory-bound device), the
 alternatives buy accepted length almost for free. Greedy decoding: the target's greedy path through
 the tree is what plain decoding writes. Sampling: the tree is chosen without the target's draws, so
-speculative sampling over it sibling by sibling is exact (:func:`semverify.tree.sample_tree`).
+speculative sampling over it sibling by sibling is exact (:func:`semverify.verification.sample_tree`).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ class ModelTreeDrafter(BaseDrafter):
     branches; a branch ends at an end-of-sequence token."""
 
     gives_probs = False  # deterministic proposals: the target tests each token against p alone
-    per_row_copies = False  # it holds a model cache: batches take ModelDrafter instead
+    batching = "single"  # one tree for one sequence: batches take ModelDrafter instead
 
     def __init__(self, model: PreTrainedModel, budget: int = 24, branch: int = 2, threshold: float = 0.6,
                  eos_token_id: int | list[int] | None = None) -> None:

@@ -6,7 +6,7 @@ from ..registry import Method, RunContext, register_method, register_rule
 from .calibration import EntropyCalibration, calibration_path, find_calibration
 from .rule import EntropyAwareRule
 
-DEFAULT_PERCENTILE = 80  # the authors' starting point (ALGORITHMS.md section 1); the built-in `easd` method too
+DEFAULT_PERCENTILE = 80  # the authors' starting point (the paper's 80th percentile); the built-in `easd` method too
 
 
 def make_easd(
@@ -44,8 +44,7 @@ def make_easd(
         raise ValueError("easd needs thresholds for both models: draft_entropy and target_entropy (nats), or neither "
                          "(a percentile)")
     rule = EntropyAwareRule(draft_entropy, target_entropy, normalize=normalize, **options)
-    rule.artifacts = artifacts  # the calibration files it was built from (runs pin them by content)
-    return rule
+    return rule.built_from(*artifacts)  # the calibration files it was built from (runs pin them by content)
 
 
 register_rule("easd", make_easd, contextual=True)

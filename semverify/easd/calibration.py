@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from ..models import cache_root, model_key, per_model_file
+from ..model_cache import cache_root, model_key, per_model_file
 
 SHIPPED = Path(__file__).parent / "calibrations"
 PERCENTILES = torch.arange(101, dtype=torch.float64)  # entropies stored at the 0th..100th percentile
@@ -83,4 +83,4 @@ def find_calibration(name_or_path: str | os.PathLike) -> EntropyCalibration:
         return EntropyCalibration.load(found)
     raise FileNotFoundError(
         f"no entropy calibration for {name_or_path!r}; run `semverify calibrate --model {name_or_path}` "
-        "or give raw thresholds tau_q and tau_p")
+        "or give raw thresholds draft_entropy and target_entropy (nats)")

@@ -14,6 +14,7 @@ import torch
 
 from ..coupling import RESAMPLE_STREAM, is_coupled
 from ..rules import (
+    BaseRule,
     SpeculativeSampling,
     at_position,
     draw_after,
@@ -29,7 +30,7 @@ from ..types import Verdict, VerifyInput
 RESAMPLE = ("target", "residual")
 
 
-class EntropyAwareRule:
+class EntropyAwareRule(BaseRule):
     """Standard SD (ratio test when sampling, argmax match when greedy) plus the EASD penalty.
 
     Entropies are in nats over the warped distributions the tokens were drawn from (``normalize``
@@ -43,9 +44,7 @@ class EntropyAwareRule:
     """
 
     name = "easd"
-    lossless = False
     needs_draft_probs = True
-    needs_hidden_states = False
 
     def __init__(
         self,

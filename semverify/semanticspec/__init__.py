@@ -6,10 +6,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ..models import cache_root, model_key
+from ..model_cache import cache_root, model_key
 from ..registry import DrafterKind, DraftResources, Method, RunContext, register_drafter, register_method, register_rule
 from .baselines import SpecReason, StepLikelihood
 from .drafter import StepDrafter
+from .drafts import StepDraft, StepTokensDraft
 from .probe import ProbeError, SemanticProbe
 from .rule import SemanticStepRule
 from .segment import DEFAULT_STOPS, StepSegmenter
@@ -59,10 +60,10 @@ def _step_drafter(resources: DraftResources, k: int, int8: bool = False) -> Step
 register_rule("semanticspec", make_semanticspec, contextual=True)
 register_rule("step_likelihood", StepLikelihood)
 register_rule("specreason", lambda context, **params: SpecReason(context.tokenizer, **params), contextual=True)
-register_drafter(DrafterKind("step", _step_drafter, needs=("draft_model",), default_k=128, batches=False))
+register_drafter(DrafterKind("step", _step_drafter, StepDrafter, needs=("draft_model",), default_k=128, step_cap=True))
 # the same steps written by the int8 draft: where drafting, not verification, bounds a step rule's speed
-register_drafter(DrafterKind("step_int8", lambda resources, k: _step_drafter(resources, k, int8=True),
-                             needs=("draft_model_int8",), default_k=128, batches=False))
+register_drafter(DrafterKind("step_int8", lambda resources, k: _step_drafter(resources, k, int8=True), StepDrafter,
+                             needs=("draft_model_int8",), default_k=128, step_cap=True))
 # whole steps of up to k tokens; probes found by the models' names
 register_method(Method("semanticspec", "step", "semanticspec", {"r_min": 0.5}, k=128))
 register_method(Method("step_likelihood", "step", "step_likelihood", {"min_mean_logprob": -0.5}, k=128))
@@ -70,5 +71,6 @@ register_method(Method("specreason", "step", "specreason", {"threshold": 7.0}, k
 # SemanticSpec with its steps written by the int8 draft (where drafting bounds a step rule's speed)
 register_method(Method("semanticspec_int8", "step_int8", "semanticspec", {"r_min": 0.5}, k=128))
 
-__all__ = ["DEFAULT_STOPS", "ProbeError", "SemanticProbe", "SemanticStepRule", "SpecReason", "StepDrafter",
-           "StepLikelihood", "StepRule", "StepSegmenter", "find_probes", "make_semanticspec", "pair_key", "token_veto"]
+__all__ = ["DEFAULT_STOPS", "ProbeError", "SemanticProbe", "SemanticStepRule", "SpecReason", "StepDraft", "StepDrafter",
+           "StepLikelihood", "StepRule", "StepSegmenter", "StepTokensDraft", "find_probes", "make_semanticspec",
+           "pair_key", "token_veto"]

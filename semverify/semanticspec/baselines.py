@@ -7,7 +7,7 @@ import math
 
 import torch
 
-from ..rules import AcceptanceRule
+from ..rules import BaseRule
 from ..types import VerifyInput
 from .steps import StepRule
 
@@ -23,7 +23,7 @@ class StepLikelihood(StepRule):
     name = "step_likelihood"
 
     def __init__(self, min_mean_logprob: float = -math.inf, min_token_prob: float = 0.0,
-                 token_rule: AcceptanceRule | None = None, **veto) -> None:
+                 token_rule: BaseRule | None = None, **veto) -> None:
         super().__init__(token_rule, **veto)
         if math.isnan(min_mean_logprob) or min_token_prob < 0:
             raise ValueError("min_mean_logprob must be a number and min_token_prob >= 0")
@@ -80,7 +80,7 @@ class SpecReason(StepRule):
     name = "specreason"
 
     def __init__(self, tokenizer, threshold: float = 7.0, score: str = "average", instruction: str = INSTRUCTION,
-                 token_rule: AcceptanceRule | None = None, **veto) -> None:
+                 token_rule: BaseRule | None = None, **veto) -> None:
         super().__init__(token_rule, **veto)
         if tokenizer is None:
             raise ValueError("specreason writes a judging prompt with the target's tokenizer: pass tokenizer= to "

@@ -7,7 +7,8 @@ import torch
 
 from ..drafters.model import ModelDrafter
 from ..sampling import Sampler
-from ..types import Draft, StepDraft, StepTokensDraft
+from ..types import Draft
+from .drafts import StepDraft, StepTokensDraft
 from .segment import StepSegmenter
 
 
@@ -21,7 +22,7 @@ class StepDrafter(ModelDrafter):
       emitted.
     """
 
-    batch_rows = False  # whole steps are drafted for one sequence at a time
+    batching = "single"  # whole steps are drafted for one sequence at a time
 
     def __init__(self, model, segmenter: StepSegmenter, token_k: int = 5, target_first_step: bool = True,
                  confidence_threshold: float | None = None, eos_token_id: int | list[int] | None = None) -> None:

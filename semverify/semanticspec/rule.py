@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from ..rules import AcceptanceRule
+from ..rules import BaseRule
 from ..sampling import uniform
 from ..types import VerifyInput
 from .probe import ProbeError, SemanticProbe
@@ -28,7 +28,7 @@ class SemanticStepRule(StepRule):
     needs_hidden_states = True
 
     def __init__(self, draft_probe: SemanticProbe, target_probe: SemanticProbe, r_min: float = 0.5,
-                 token_rule: AcceptanceRule | None = None, eps: float = 1e-6, **veto) -> None:
+                 token_rule: BaseRule | None = None, eps: float = 1e-6, **veto) -> None:
         super().__init__(token_rule, **veto)
         if r_min < 0:
             raise ValueError(f"r_min must be >= 0, got {r_min}")

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import torch
 
-from ..rules import AcceptanceRule, SpeculativeSampling, at_position, prefix_mask, target_choices
-from ..types import StepDraft, StepTokensDraft, Verdict, VerifyInput
+from ..rules import BaseRule, SpeculativeSampling, at_position, prefix_mask, target_choices
+from ..types import Verdict, VerifyInput
+from .drafts import StepDraft, StepTokensDraft
 
 
 def token_veto(x: VerifyInput, top_k: int | None = None, confidence: float = 1.0,
@@ -26,7 +27,7 @@ def token_veto(x: VerifyInput, top_k: int | None = None, confidence: float = 1.0
     return out
 
 
-class StepRule:
+class StepRule(BaseRule):
     """Accept a :class:`StepDraft` whole when no veto fires and :meth:`judge` says so, then the target's
     own token follows; otherwise keep nothing and emit the target's token at the step's start (the
     step drafter then lets the target write that step). :class:`StepTokensDraft` drafts go to
@@ -37,12 +38,9 @@ class StepRule:
     tokens), ``step_rejected``, and the veto that fired; scores: the judge's and ``step_accepted``.
     """
 
-    lossless = False
-    needs_draft_probs = False
-    needs_hidden_states = False
     preferred_drafter = "step"  # with assistant_model=, generate() drafts whole steps
 
-    def __init__(self, token_rule: AcceptanceRule | None = None, veto_top_k: int | None = None,
+    def __init__(self, token_rule: BaseRule | None = None, veto_top_k: int | None = None,
                  veto_confidence: float = 0.9, veto_floor: float = 0.0) -> None:
         if veto_top_k is not None and veto_top_k < 1:
             raise ValueError(f"veto_top_k must be >= 1 (or None for no top-k veto), got {veto_top_k}")

@@ -19,7 +19,7 @@ def _retrieval_kind(name: str, switches: dict) -> DrafterKind:
     def factory(resources: DraftResources, k: int, **params) -> RetrievalDrafter:
         return RetrievalDrafter(resources.datastore, **switches, **params)
 
-    return DrafterKind(name, factory, settings=(*settings, "datastore"), default_k=8, retrieval=True, batches=False)
+    return DrafterKind(name, factory, RetrievalDrafter, settings=(*settings, "datastore"), default_k=8, retrieval=True)
 
 
 def make_sense(context: RunContext, theta_e: float | None = None, percentile: float | None = None,
@@ -36,8 +36,7 @@ def make_sense(context: RunContext, theta_e: float | None = None, percentile: fl
                              "target, or target_calibration=FILE)")
         calibration = find_calibration(source)
         gate = SoftGate(calibration.threshold(percentile, context.temperature, normalize=True), top_k, window)
-        gate.artifacts = (calibration.source,)
-        return gate
+        return gate.built_from(calibration.source)
     return SoftGate(0.05 if theta_e is None else theta_e, top_k, window)
 
 

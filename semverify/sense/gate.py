@@ -10,7 +10,7 @@ import math
 
 import torch
 
-from ..rules import at_position, entropy, leading_true, prefix_mask, target_choices
+from ..rules import BaseRule, at_position, entropy, leading_true, prefix_mask, target_choices
 from ..types import Verdict, VerifyInput
 
 
@@ -40,7 +40,7 @@ def _kept_with_reasons(gate: torch.BoolTensor, exact: torch.BoolTensor, rescues:
     return Verdict(n, at_position(choice, n), reasons, target_tokens=choice[:, : x.k])
 
 
-class SoftGate:
+class SoftGate(BaseRule):
     """SENSE's soft-gated evaluation: G = exact OR (H(p)/log|V| > theta_e AND (draft in top-k of p OR an
     isolated mismatch within a window of w)).
 
@@ -49,9 +49,6 @@ class SoftGate:
     """
 
     name = "sense"
-    lossless = False
-    needs_draft_probs = False
-    needs_hidden_states = False
 
     def __init__(self, theta_e: float = 0.05, top_k: int = 3, window: int = 6) -> None:
         if not 0.0 <= theta_e <= 1.0:
@@ -76,7 +73,7 @@ class SoftGate:
                                   x, choice)
 
 
-class DeferredWindow:
+class DeferredWindow(BaseRule):
     """FLy's loosely speculative verification: a mismatch survives if the target's top-3 entropy there is
     at least ``entropy_threshold`` and the next ``window - 1`` drafted tokens all match exactly.
 
@@ -86,9 +83,6 @@ class DeferredWindow:
     """
 
     name = "fly"
-    lossless = False
-    needs_draft_probs = False
-    needs_hidden_states = False
 
     def __init__(self, entropy_threshold: float = 0.3, window: int = 6) -> None:
         if entropy_threshold < 0 or window < 0:

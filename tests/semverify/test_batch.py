@@ -63,7 +63,7 @@ def test_each_row_stops_at_its_own_eos_and_leaves_the_batch():
     eos = int(free[1, ids.shape[1] + 2])  # the third token of row 1 ends it
     sizes = []
     out, stats = speculative_generate(target, ids, attention_mask=mask, drafter=ModelDrafter(draft, eos_token_id=[]),
-                                      rule=get_rule("greedy"), num_draft_tokens=3, max_new_tokens=12,
+                                      rule=get_rule("greedy"), k=3, max_new_tokens=12,
                                       eos_token_id=eos, pad_token_id=0,
                                       on_step=lambda e: sizes.append(e.target_cache.layers[0].keys.shape[0]))
     expected = target.generate(ids, attention_mask=mask, max_new_tokens=12, do_sample=False, pad_token_id=0,
@@ -125,7 +125,7 @@ def row_fit(target, draft, rule, copies: int = 6, calls: int = 250) -> list[floa
     streams = [torch.Generator().manual_seed(row) for row in range(len(batch))]
     for _ in range(calls):
         out, _ = speculative_generate(target, ids, attention_mask=mask, drafter=ModelDrafter(draft), rule=rule,
-                                      num_draft_tokens=2, max_new_tokens=2, sampler=sampler, generator=streams)
+                                      k=2, max_new_tokens=2, sampler=sampler, generator=streams)
         for row in range(len(batch)):
             counts[row // copies, out[row, -2] * V + out[row, -1]] += 1
     p_values = []

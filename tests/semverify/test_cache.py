@@ -39,7 +39,7 @@ def test_caches_hold_exactly_the_accepted_prefix(do_sample):
         events.append(int(event.verdict.n_accepted[0]))
 
     speculative_generate(target, ids, drafter=ModelDrafter(draft), rule=get_rule("speculative"),
-                         num_draft_tokens=4, max_new_tokens=40, sampler=Sampler(do_sample, 1.0),
+                         k=4, max_new_tokens=40, sampler=Sampler(do_sample, 1.0),
                          generator=torch.Generator().manual_seed(1), on_step=check)
     assert len(events) > 5
 
@@ -48,7 +48,7 @@ def test_same_model_drafter_keeps_full_accepts():
     target = tiny_model(2)
     ids = torch.randint(0, 96, (1, 6), generator=torch.Generator().manual_seed(2))
     lengths = []
-    speculative_generate(target, ids, drafter=ModelDrafter(target), rule=get_rule("greedy"), num_draft_tokens=3,
+    speculative_generate(target, ids, drafter=ModelDrafter(target), rule=get_rule("greedy"), k=3,
                          max_new_tokens=12, on_step=lambda e: lengths.append(e.drafter.cache.get_seq_length()))
     # all 3 drafts accepted each step: the drafter holds the prefix + 2 drafts; the last draft token
     # and the bonus token are fed together at the next step
@@ -78,7 +78,7 @@ def test_sliding_window_model_rolls_back():
     ids = torch.randint(0, 96, (1, 12), generator=torch.Generator().manual_seed(4))
     expected = target.generate(ids, do_sample=False, max_new_tokens=30)
     out, _ = speculative_generate(target, ids, drafter=ModelDrafter(tiny_model(5, sliding_window=8)),
-                                  rule=get_rule("greedy"), num_draft_tokens=4, max_new_tokens=30)
+                                  rule=get_rule("greedy"), k=4, max_new_tokens=30)
     assert torch.equal(out, expected)
 
 

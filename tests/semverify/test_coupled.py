@@ -89,7 +89,7 @@ def test_gumbel_max_draws_the_softmax_and_a_wrong_noise_is_detected():
 def joint_counts(model, drafter_factory, rule, sampler, tokens: int, runs: int) -> torch.Tensor:
     counts = torch.zeros(V**tokens)
     for seed in range(runs):
-        out, _ = speculative_generate(model, PROMPT, drafter=drafter_factory(), rule=rule, num_draft_tokens=2,
+        out, _ = speculative_generate(model, PROMPT, drafter=drafter_factory(), rule=rule, k=2,
                                       max_new_tokens=tokens, sampler=sampler, generator=CoupledNoise(seed))
         counts[sum(int(t) * V**i for i, t in enumerate(out[0, -tokens:].flip(0)))] += 1
     return counts
@@ -110,7 +110,7 @@ WARM = Sampler(True, 0.8)
 
 def coupled(model, drafter, rule="speculative", seed=0, tokens=40, sampler=WARM, ids=PROMPT):
     out, stats = speculative_generate(model, ids, drafter=drafter, rule=get_rule(rule) if isinstance(rule, str)
-                                      else rule, num_draft_tokens=4, max_new_tokens=tokens, sampler=sampler,
+                                      else rule, k=4, max_new_tokens=tokens, sampler=sampler,
                                       generator=CoupledNoise(seed))
     return out, stats
 

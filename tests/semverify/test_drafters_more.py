@@ -25,7 +25,7 @@ def test_draft_model_trees_equal_greedy_target(seed, budget, branch):
     expected = target.generate(ids, do_sample=False, max_new_tokens=40)
     drafter = ModelTreeDrafter(draft, budget=budget, branch=branch, threshold=0.9)
     trees = []
-    out, stats = speculative_generate(target, ids, drafter=drafter, rule=get_rule("greedy"), num_draft_tokens=5,
+    out, stats = speculative_generate(target, ids, drafter=drafter, rule=get_rule("greedy"), k=5,
                                       max_new_tokens=40, on_step=lambda e: trees.append(e.draft.is_tree))
     assert torch.equal(out, expected) and any(trees)  # unsure random drafts branch
     assert max(stats.drafted_per_position or [0]) > 0
@@ -34,7 +34,7 @@ def test_draft_model_trees_equal_greedy_target(seed, budget, branch):
 def test_a_tree_of_the_target_itself_accepts_whole_paths_and_keeps_its_cache_in_step():
     target, _, ids = setup(3)
     drafter = ModelTreeDrafter(target, budget=30, branch=2, threshold=0.9)  # room for 2 + 4 + 8 + 16 nodes
-    out, stats = speculative_generate(target, ids, drafter=drafter, rule=get_rule("greedy"), num_draft_tokens=4,
+    out, stats = speculative_generate(target, ids, drafter=drafter, rule=get_rule("greedy"), k=4,
                                       max_new_tokens=30)
     assert torch.equal(out, target.generate(ids, do_sample=False, max_new_tokens=30))
     assert stats.accept_lengths[:5] == [4] * 5  # the argmax path is always in the tree, to its full depth
@@ -43,7 +43,7 @@ def test_a_tree_of_the_target_itself_accepts_whole_paths_and_keeps_its_cache_in_
     # the target itself still gives long paths
     g = torch.Generator().manual_seed(0)
     out, stats = speculative_generate(target, ids, drafter=ModelTreeDrafter(target, budget=30, branch=2, threshold=0.9),
-                                      rule=get_rule("speculative"), num_draft_tokens=4, max_new_tokens=30,
+                                      rule=get_rule("speculative"), k=4, max_new_tokens=30,
                                       sampler=Sampler(do_sample=True, temperature=0.05), generator=g)
     assert out.shape[1] == ids.shape[1] + 30 and stats.tau > 1.5
 
@@ -51,12 +51,12 @@ def test_a_tree_of_the_target_itself_accepts_whole_paths_and_keeps_its_cache_in_
 def test_adaptive_draft_length_grows_after_full_accepts_and_shrinks_after_rejections():
     target, draft, ids = setup(4)
     same = ModelDrafter(target, adaptive=True, start=2)  # the target drafting for itself: every draft is accepted
-    out, stats = speculative_generate(target, ids, drafter=same, rule=get_rule("greedy"), num_draft_tokens=10,
+    out, stats = speculative_generate(target, ids, drafter=same, rule=get_rule("greedy"), k=10,
                                       max_new_tokens=40)
     assert stats.accept_lengths[:4] == [2, 4, 6, 8] and torch.equal(
         out, target.generate(ids, do_sample=False, max_new_tokens=40))
     other = ModelDrafter(draft, adaptive=True, start=6)
-    _, stats = speculative_generate(target, ids, drafter=other, rule=get_rule("greedy"), num_draft_tokens=10,
+    _, stats = speculative_generate(target, ids, drafter=other, rule=get_rule("greedy"), k=10,
                                     max_new_tokens=40)
     assert min(len_ for len_ in stats.accept_lengths) >= 0 and other.lengths[0] < 6  # rejections shrink it
     heuristic = generate(target, ids, assistant_model=draft, num_assistant_tokens_schedule="heuristic",
@@ -67,7 +67,7 @@ def test_adaptive_draft_length_grows_after_full_accepts_and_shrinks_after_reject
 def test_entropy_stop_ends_drafts_where_the_draft_is_unsure():
     target, draft, ids = setup(5)
     flat = ModelDrafter(draft, entropy_stop=0.0)  # every random draft distribution is above 0 nats
-    _, stats = speculative_generate(target, ids, drafter=flat, rule=get_rule("greedy"), num_draft_tokens=5,
+    _, stats = speculative_generate(target, ids, drafter=flat, rule=get_rule("greedy"), k=5,
                                     max_new_tokens=20)
     assert len(stats.drafted_per_position) == 1 and stats.drafted <= stats.steps  # one token, then it stops
 
@@ -76,7 +76,7 @@ def test_hybrid_drafts_by_lookup_when_the_text_repeats_and_by_the_model_otherwis
     target, draft, _ = setup(6)
     ids = torch.tensor([[5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6]])
     hybrid = HybridDrafter(ModelDrafter(draft), PromptLookupDrafter(2), min_tokens=2)
-    out, stats = speculative_generate(target, ids, drafter=hybrid, rule=get_rule("speculative"), num_draft_tokens=5,
+    out, stats = speculative_generate(target, ids, drafter=hybrid, rule=get_rule("speculative"), k=5,
                                       max_new_tokens=30)
     assert torch.equal(out, target.generate(ids, do_sample=False, max_new_tokens=30))
     assert 0 < hybrid.looked_up < stats.steps  # some steps by lookup, some by the model

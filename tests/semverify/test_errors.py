@@ -45,7 +45,7 @@ def test_negative_max_new_tokens(target):
         generate(target, IDS, max_new_tokens=-1)
     with pytest.raises(ValueError, match="max_new_tokens must be >= 0"):
         speculative_generate(target, IDS, drafter=PromptLookupDrafter(), rule=get_rule("greedy"),
-                             num_draft_tokens=2, max_new_tokens=-1)
+                             k=2, max_new_tokens=-1)
 
 
 def test_empty_prompt(target):

@@ -155,7 +155,7 @@ def test_sampled_decoding_with_a_repetition_penalty_follows_the_processed_target
     runs, counts, g = 3000, torch.zeros(V * V), torch.Generator().manual_seed(0)
     for _ in range(runs):
         out, _ = speculative_generate(target, PROMPT, drafter=ModelDrafter(draft), rule=SpeculativeSampling(),
-                                      num_draft_tokens=2, max_new_tokens=2, sampler=sampler, generator=g)
+                                      k=2, max_new_tokens=2, sampler=sampler, generator=g)
         counts[out[0, -2] * V + out[0, -1]] += 1
     expected = exact * runs
     big = expected >= 5

@@ -33,7 +33,7 @@ def test_matches_greedy_target(arch, seed, k, drafter_kind, rule):
         "prompt_lookup_first": lambda: PromptLookupDrafter(max_ngram_size=3, prefer="first"),
     }[drafter_kind]()
     out, stats = speculative_generate(target, ids, drafter=drafter, rule=get_rule(rule),
-                                      num_draft_tokens=k, max_new_tokens=48)
+                                      k=k, max_new_tokens=48)
     assert torch.equal(out, expected)
     assert stats.new_tokens == 48
     if drafter_kind == "same":
@@ -67,7 +67,7 @@ def test_draft_tokens_after_eos_are_not_counted_as_accepted():
     eos = int(free[0, ids.shape[1] + 2])
     # a drafter blind to EOS drafts past it; the loop must cut the counts where the output ends
     out, stats = speculative_generate(target, ids, drafter=ModelDrafter(target, eos_token_id=[]),
-                                      rule=get_rule("greedy"), num_draft_tokens=8, max_new_tokens=30, eos_token_id=eos)
+                                      rule=get_rule("greedy"), k=8, max_new_tokens=30, eos_token_id=eos)
     assert int(out[0, -1]) == eos
     assert stats.new_tokens == out.shape[1] - ids.shape[1] <= 3
     assert stats.accepted <= stats.new_tokens and stats.drafted == 8

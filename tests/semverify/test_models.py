@@ -7,16 +7,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from semverify import load_model, models
-from semverify.models import (
-    OFFLINE_MODELS,
-    ModelPackageMissing,
-    PackagedModel,
-    _assemble,
-    cache_root,
-    converted_folder,
-    resolve_dtype,
-)
+from semverify import load_model, model_cache
+from semverify.model_cache import _assemble, cache_root, converted_folder
+from semverify.models import OFFLINE_MODELS, ModelPackageMissing, PackagedModel, resolve_dtype
 from tests.helpers import tiny_model
 
 HELLO_WORLD_SHA256 = "b94d27b9934d3e08a52e52d7da7dabfac484efe37a5380ee9088f7ace2efcde9"
@@ -62,7 +55,7 @@ def test_first_conversion_reads_a_private_copy_and_removes_it(tmp_path, monkeypa
         out.mkdir(parents=True)
         (out / "config.json").write_text("{}")
 
-    monkeypatch.setattr(models, "_convert", convert)
+    monkeypatch.setattr(model_cache, "_convert", convert)
     if fails:
         with pytest.raises(RuntimeError):
             converted_folder(spec)

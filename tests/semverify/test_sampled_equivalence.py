@@ -54,7 +54,7 @@ def fits(model, drafter_factory, rule, sampler, k, tokens: int = 2, runs: int = 
     counts = torch.zeros(V**tokens)
     g = torch.Generator().manual_seed(0)
     for _ in range(runs):
-        out, _ = speculative_generate(model, PROMPT, drafter=drafter_factory(), rule=rule, num_draft_tokens=k,
+        out, _ = speculative_generate(model, PROMPT, drafter=drafter_factory(), rule=rule, k=k,
                                       max_new_tokens=tokens, sampler=sampler, generator=g)
         counts[sum(int(t) * V**i for i, t in enumerate(out[0, -tokens:].flip(0)))] += 1
     assert counts[expected == 0].sum() == 0, "emitted an outcome the target gives probability 0"

@@ -40,6 +40,11 @@ def chi_square_pvalue(samples: torch.Tensor, p: torch.Tensor) -> float:
     return float(scipy.stats.chisquare(obs.numpy(), exp.numpy()).pvalue)
 
 
+def choose(s: Sampler, logits: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """One token per row the way the loop picks it: argmax when greedy, else a draw from the warped probs."""
+    return logits.argmax(dim=-1) if not s.do_sample else sample_from(s.probs(logits), generator)
+
+
 # ----------------------------------------------------------------------------------------------------------------------
 # greedy and temperature
 
@@ -50,14 +55,14 @@ def test_greedy_warp_returns_raw_logits_and_choose_is_argmax():
     warped = s.warp(logits)
     assert warped.dtype == torch.float32
     assert torch.equal(warped, logits.float())
-    assert torch.equal(s.choose(logits), logits.argmax(-1))
-    assert torch.equal(s.choose(logits, torch.Generator().manual_seed(0)), logits.argmax(-1))
+    assert torch.equal(choose(s, logits), logits.argmax(-1))
+    assert torch.equal(choose(s, logits, torch.Generator().manual_seed(0)), logits.argmax(-1))
 
 
 def test_greedy_allows_zero_temperature():
     s = Sampler(do_sample=False, temperature=0.0)
     logits = random_logits()
-    assert torch.equal(s.choose(logits), logits.argmax(-1))
+    assert torch.equal(choose(s, logits), logits.argmax(-1))
 
 
 @pytest.mark.parametrize("temperature", [0.25, 0.7, 1.0, 2.5])
@@ -234,7 +239,7 @@ def test_choose_samples_from_warped_probs():
     s = Sampler(do_sample=True, temperature=0.8, top_k=6, top_p=0.9)
     probs = s.probs(logits)
     assert int((probs > 0).sum()) <= 6
-    draws = s.choose(logits.expand(DRAWS, -1), torch.Generator().manual_seed(9))
+    draws = choose(s, logits.expand(DRAWS, -1), torch.Generator().manual_seed(9))
     assert chi_square_pvalue(draws, probs) > 1e-4
-    again = s.choose(logits.expand(DRAWS, -1), torch.Generator().manual_seed(9))
+    again = choose(s, logits.expand(DRAWS, -1), torch.Generator().manual_seed(9))
     assert torch.equal(draws, again)

@@ -132,7 +132,7 @@ def test_tree_loop_equals_greedy_target(arch, seed, rule):
     expected = target.generate(ids, do_sample=False, max_new_tokens=40)
     params = {"posterior_threshold": 1.0, "posterior_alpha": float("inf")} if rule == "typical" else {}
     out, stats = speculative_generate(target, ids, drafter=OracleTreeDrafter(expected, seed),
-                                      rule=get_rule(rule, **params), num_draft_tokens=5, max_new_tokens=40)
+                                      rule=get_rule(rule, **params), k=5, max_new_tokens=40)
     assert torch.equal(out, expected)
     assert stats.accepted > 0 and stats.drafted > stats.accepted
     assert len(stats.drafted_per_position) <= 5

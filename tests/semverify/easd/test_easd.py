@@ -159,7 +159,7 @@ def test_loop_refuses_a_drafter_without_probabilities():
     model = tiny_model(0)
     with pytest.raises(ValueError, match="draft"):
         speculative_generate(model, torch.tensor([[1, 2, 1, 2]]), drafter=PromptLookupDrafter(),
-                             rule=EntropyAwareRule(1.0, 1.0), num_draft_tokens=3, max_new_tokens=4)
+                             rule=EntropyAwareRule(1.0, 1.0), k=3, max_new_tokens=4)
 
 
 def test_normalised_entropy_thresholds():
@@ -233,7 +233,7 @@ def test_lossless_limit_through_the_loop_greedy(seed):
     ids = torch.randint(0, TINY_VOCAB, (1, 12), generator=torch.Generator().manual_seed(seed))
     expected = target.generate(ids, do_sample=False, max_new_tokens=40)
     out, stats = speculative_generate(target, ids, drafter=ModelDrafter(draft), rule=EntropyAwareRule(INF, INF),
-                                      num_draft_tokens=4, max_new_tokens=40)
+                                      k=4, max_new_tokens=40)
     assert torch.equal(out, expected) and stats.reasons["penalty"] == 0
 
 
@@ -243,7 +243,7 @@ def test_lossless_limit_through_the_loop_sampled(seed):
     ids = torch.randint(0, TINY_VOCAB, (1, 12), generator=torch.Generator().manual_seed(seed))
     runs = []
     for rule in (get_rule("speculative"), EntropyAwareRule(INF, INF)):
-        out, stats = speculative_generate(target, ids, drafter=ModelDrafter(draft), rule=rule, num_draft_tokens=4,
+        out, stats = speculative_generate(target, ids, drafter=ModelDrafter(draft), rule=rule, k=4,
                                           max_new_tokens=40, sampler=Sampler(do_sample=True, temperature=0.9),
                                           generator=torch.Generator().manual_seed(123 + seed))
         runs.append((out, stats.accept_lengths))

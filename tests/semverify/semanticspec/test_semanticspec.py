@@ -11,11 +11,12 @@ from semverify.semanticspec import (
     ProbeError,
     SemanticProbe,
     SemanticStepRule,
+    StepDraft,
     StepDrafter,
     StepSegmenter,
     make_semanticspec,
 )
-from semverify.types import StepDraft, VerifyInput
+from semverify.types import VerifyInput
 from tests.helpers import byte_tokenizer, tiny_model
 
 TOK = byte_tokenizer()
@@ -161,7 +162,7 @@ def test_r_min_above_one_is_exactly_the_target(seed, target_first):
     drafter = StepDrafter(draft, StepSegmenter(TOK, stops=STOPS, max_step_tokens=6), token_k=3,
                           target_first_step=target_first)
     out, stats = speculative_generate(target, ids, drafter=drafter, rule=SemanticStepRule(d_probe, t_probe, r_min=1.5),
-                                      num_draft_tokens=6, max_new_tokens=40)
+                                      k=6, max_new_tokens=40)
     assert torch.equal(out, expected)
     assert stats.reasons["step_rejected"] > 0 and stats.reasons["step"] == 0
 
@@ -180,7 +181,7 @@ def test_accepted_steps_are_the_drafts_own_steps():
         if n:
             steps.append((event.sequences[:, : event.sequences.shape[1] - n - 1], event.draft.tokens[:, :n]))
 
-    _, stats = speculative_generate(target, ids, drafter=drafter, rule=rule, num_draft_tokens=6, max_new_tokens=30,
+    _, stats = speculative_generate(target, ids, drafter=drafter, rule=rule, k=6, max_new_tokens=30,
                                     on_step=on_step)
     assert stats.reasons["step"] > 0 and stats.reasons["step_rejected"] == 0
     assert stats.accepted == stats.reasons["step"] and stats.new_tokens == stats.accepted + stats.steps

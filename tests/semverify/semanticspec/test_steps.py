@@ -10,10 +10,19 @@ import torch
 
 from semverify import get_rule, speculative_generate
 from semverify.registry import DraftResources, make_drafter
-from semverify.semanticspec import SemanticProbe, SpecReason, StepDrafter, StepLikelihood, StepSegmenter, token_veto
+from semverify.semanticspec import (
+    SemanticProbe,
+    SpecReason,
+    StepDraft,
+    StepDrafter,
+    StepLikelihood,
+    StepSegmenter,
+    StepTokensDraft,
+    token_veto,
+)
 from semverify.semanticspec.baselines import digit_ids, judge_suffix
 from semverify.semanticspec.steps import StepRule
-from semverify.types import StepDraft, StepTokensDraft, VerifyInput
+from semverify.types import VerifyInput
 from tests.helpers import byte_tokenizer, tiny_model
 
 TOK = byte_tokenizer()
@@ -144,7 +153,7 @@ def test_rejecting_every_step_is_target_decoding(name, seed):
     expected = target.generate(ids, do_sample=False, max_new_tokens=40)
     drafter = StepDrafter(draft, StepSegmenter(TOK, stops=("\ufffd", " ", "e"), max_step_tokens=6), token_k=3,
                           target_first_step=False)
-    out, stats = speculative_generate(target, ids, drafter=drafter, rule=rule, num_draft_tokens=6, max_new_tokens=40)
+    out, stats = speculative_generate(target, ids, drafter=drafter, rule=rule, k=6, max_new_tokens=40)
     assert torch.equal(out, expected)
     assert stats.reasons["step_rejected"] > 0 and stats.reasons["step"] == 0
 
@@ -171,11 +180,11 @@ def test_rejecting_every_step_under_coupled_sampling_is_coupled_target_decoding(
     sampler = Sampler(True, 0.8)
     for seed in range(2):
         expected, _ = speculative_generate(target, ids, drafter=NoDrafter(), rule=get_rule("speculative"),
-                                           num_draft_tokens=6, max_new_tokens=40, sampler=sampler,
+                                           k=6, max_new_tokens=40, sampler=sampler,
                                            generator=CoupledNoise(seed))
         drafter = StepDrafter(draft, StepSegmenter(TOK, stops=("\ufffd", " ", "e"), max_step_tokens=6), token_k=3,
                               target_first_step=False)
-        out, stats = speculative_generate(target, ids, drafter=drafter, rule=rule, num_draft_tokens=6,
+        out, stats = speculative_generate(target, ids, drafter=drafter, rule=rule, k=6,
                                           max_new_tokens=40, sampler=sampler, generator=CoupledNoise(seed))
         assert torch.equal(out, expected)
         assert stats.reasons["step_rejected"] > 0 and stats.reasons["step"] == 0

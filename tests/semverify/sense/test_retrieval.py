@@ -125,7 +125,7 @@ def test_retrieval_drafting_with_exact_verification_equals_greedy(tiny_store, le
     expected = model.generate(ids, do_sample=False, max_new_tokens=40)
     for rule in (get_rule("greedy"), get_rule("sense", theta_e=1.0)):
         drafter = RetrievalDrafter(store, num_candidates=6, lexical=lexical, semantic=semantic)
-        out, stats = speculative_generate(model, ids, drafter=drafter, rule=rule, num_draft_tokens=6,
+        out, stats = speculative_generate(model, ids, drafter=drafter, rule=rule, k=6,
                                           max_new_tokens=40)
         assert torch.equal(out, expected)
         assert stats.drafted > 0
@@ -149,7 +149,7 @@ def test_semantic_slots_put_hidden_state_candidates_in_the_tree(tiny_store):
             return order
 
         drafter._ranked = ranked
-        out, _ = speculative_generate(model, ids, drafter=drafter, rule=get_rule("greedy"), num_draft_tokens=6,
+        out, _ = speculative_generate(model, ids, drafter=drafter, rule=get_rule("greedy"), k=6,
                                       max_new_tokens=30)
         assert torch.equal(out, expected)  # exact verification: lossless whatever the drafts
         seen[slots] = sum(semantic_first)
@@ -286,7 +286,7 @@ def test_retrieval_drafting_under_coupled_sampling_equals_the_target_alone(tiny_
     ids = tok(prompt, return_tensors="pt", add_special_tokens=False).input_ids
     sampler = Sampler(True, 0.8)
     vanilla = {seed: speculative_generate(model, ids, drafter=NoDrafter(), rule=get_rule("speculative"),
-                                          num_draft_tokens=6, max_new_tokens=40, sampler=sampler,
+                                          k=6, max_new_tokens=40, sampler=sampler,
                                           generator=CoupledNoise(seed))[0] for seed in range(3)}
     # a store of what the target writes under seeds 0 and 1 (seed 2's output is new to it)
     examples = [(prompt, tok.decode(vanilla[seed][0, ids.shape[1] :])) for seed in (0, 1)]
@@ -296,7 +296,7 @@ def test_retrieval_drafting_under_coupled_sampling_equals_the_target_alone(tiny_
     for seed, expected in vanilla.items():
         for rule in (get_rule("speculative"), get_rule("sense", theta_e=1.0)):
             drafter = RetrievalDrafter(store, num_candidates=6)
-            out, stats = speculative_generate(model, ids, drafter=drafter, rule=rule, num_draft_tokens=6,
+            out, stats = speculative_generate(model, ids, drafter=drafter, rule=rule, k=6,
                                               max_new_tokens=40, sampler=sampler, generator=CoupledNoise(seed))
             assert torch.equal(out, expected), f"{rule.name}, seed {seed}"
             accepted += stats.accepted
