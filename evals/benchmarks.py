@@ -138,7 +138,7 @@ class Benchmark:
         return True
 
     def grade_output(self, output: str, problem: Problem, capped: bool) -> dict[str, bool]:
-        """Every grade of ``output``, with :meth:`cut_at_cap` applied."""
+        """Every grade of ``output``, with `cut_at_cap` applied."""
         return self.cut_at_cap(self.grade(output, problem), output, capped)
 
     def cut_at_cap(self, grades: dict[str, bool], output: str, capped: bool) -> dict[str, bool]:
@@ -227,7 +227,7 @@ class MATH500(Benchmark):
 
 class HumanEval(Benchmark):
     """HumanEval (Chen et al. 2021): write a Python function from its signature and docstring; pass@1 runs
-    the answer's code against the problem's tests in a sandboxed process (:mod:`evals.code_exec`)."""
+    the answer's code against the problem's tests in a sandboxed process (`evals.code_exec`)."""
 
     name, title = "humaneval", "HumanEval"
     fields = ("task_id", "prompt", "test", "entry_point")

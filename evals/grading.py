@@ -135,7 +135,7 @@ def code_program(prompt: str, code: str, tests: str, entry_point: str) -> str:
 
 
 def grade_code(output: str, prompt: str, tests: str, entry_point: str, timeout: float = 10.0) -> dict[str, bool]:
-    """A HumanEval answer: does its code pass the problem's tests (see :mod:`evals.code_exec`)?"""
+    """A HumanEval answer: does its code pass the problem's tests (see `evals.code_exec`)?"""
     from .code_exec import run_program
 
     program = code_program(prompt, extract_code(output, entry_point), tests, entry_point)

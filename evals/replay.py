@@ -20,8 +20,9 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from semverify.methods import Method
 from semverify.models import load_tokenizer
-from semverify.registry import DraftResources, Method, make_drafter
+from semverify.registry import DraftResources, make_drafter
 from semverify.sense import Datastore
 from semverify.tree import leaf_paths
 

@@ -7,8 +7,9 @@ import json
 from pathlib import Path
 
 from .benchmarks import get_benchmark
-from .report import accuracy, format_accuracy, mcnemar
+from .report import format_accuracy
 from .rows import read_rows
+from .summary import accuracy, mcnemar
 
 
 def against(run_dir: str | Path, other_dir: str | Path, grader: str | None = None) -> dict:

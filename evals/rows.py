@@ -1,4 +1,5 @@
-"""Crash-safe JSONL rows: one fsynced line per finished problem, one writer per shard file.
+"""Crash-safe JSONL rows: one fsynced line per finished result, one writer per file (a compare shard,
+a speed or throughput run).
 
 A kill can only tear the last line (it lacks its newline); the writer cuts it before anything reads
 the file, and readers skip it. A broken line anywhere else was not written by a kill: it is reported.
@@ -22,20 +23,30 @@ def read_rows(run_dir: str | Path) -> list[dict]:
     counts once. A torn last line is skipped; a broken line before it raises ValueError naming it."""
     rows: dict[tuple, dict] = {}
     for path in sorted(Path(run_dir).glob("rows.rank*.jsonl")):
-        data = path.read_text()
-        lines = data.split("\n")
-        for number, line in enumerate(lines, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                if number == len(lines):  # no newline after it: a write cut off by a kill
-                    continue
-                raise ValueError(f"{path}, line {number}: a broken row in the middle of the file (not a write cut "
-                                 "off by a kill); repair or delete that line, then resume") from None
+        for row in read_row_file(path):
             rows.setdefault(row_key(row), row)
     return list(rows.values())
+
+
+def read_row_file(path: str | Path) -> list[dict]:
+    """The complete rows of one file written by a `RowWriter`, in order (none if it does not
+    exist). A torn last line is skipped; a broken line before it raises ValueError naming it."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    lines = path.read_text().split("\n")
+    rows = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            if number == len(lines):  # no newline after it: a write cut off by a kill
+                continue
+            raise ValueError(f"{path}, line {number}: a broken row in the middle of the file (not a write cut "
+                             "off by a kill); repair or delete that line, then resume") from None
+    return rows
 
 
 class RowWriter:

@@ -1,15 +1,17 @@
-"""Speed benchmark: target alone, transformers' assisted generation and prompt lookup, and semverify's.
+"""Speed benchmark: semverify's methods beside transformers' assisted generation and prompt lookup.
 
 All methods run greedy in one process, on the same GSM8K prompts, in an order that alternates per
-prompt. Speed is reported as medians of per-prompt ratios against the target alone in the same run.
-Rows are appended to ``rows.jsonl`` as they finish, so a killed run resumes where it stopped.
+prompt; they are named as `evals.timing` names them (the registry's presets, ``hf_`` for transformers').
+Speed is reported as medians of per-prompt ratios against transformers' target alone (``hf_vanilla``) in
+the same run. Rows are written crash-safely to ``rows.jsonl`` as they finish, so a killed run resumes where
+it stopped; rows and ``--methods`` with the names of earlier versions (``target``, ``semverify_sd``, ...)
+are read as the registry's names, and a method given by such a name keeps it in the summary.
 
     semverify speed --limit 10 --max-new-tokens 128 --out results/speed
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import time
@@ -18,92 +20,68 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from semverify import HybridDrafter, ModelDrafter, ModelTreeDrafter, generate, load_model
-
 from .benchmarks import GSM8K
 from .env import environment, machine
+from .rows import RowWriter, read_row_file
+from .timing import Decoders, timed_method
 
-METHODS = ("target", "hf_assisted", "semverify_sd", "hf_assisted_q8", "semverify_sd_q8", "hf_pld", "semverify_pld",
-           "semverify_tree", "semverify_tree_q8", "semverify_adaptive", "semverify_adaptive_q8", "semverify_hybrid",
-           "semverify_hybrid_q8")
-# semverify's drafters besides plain SD (issue 21): draft-model trees, adaptive lengths, lookup first
-DRAFTERS = {"semverify_tree": lambda draft: ModelTreeDrafter(draft, budget=24),
-            "semverify_adaptive": lambda draft: ModelDrafter(draft, 0.4, adaptive=True, start=5),
-            "semverify_hybrid": lambda draft: HybridDrafter(ModelDrafter(draft, 0.4))}
+METHODS = ("hf_vanilla", "hf_sd", "sd", "hf_sd_int8", "sd_int8", "hf_pld", "pld", "sd_tree", "sd_tree_int8",
+           "sd_adaptive", "sd_adaptive_int8", "hybrid", "hybrid_int8")
+BASELINE = "hf_vanilla"
+# the names of earlier versions, in the rows of results/speed and results/speed-drafters
+LEGACY = {"target": "hf_vanilla", "hf_assisted": "hf_sd", "hf_assisted_q8": "hf_sd_int8", "semverify_sd": "sd",
+          "semverify_sd_q8": "sd_int8", "semverify_pld": "pld", "semverify_tree": "sd_tree",
+          "semverify_tree_q8": "sd_tree_int8", "semverify_adaptive": "sd_adaptive",
+          "semverify_adaptive_q8": "sd_adaptive_int8", "semverify_hybrid": "hybrid",
+          "semverify_hybrid_q8": "hybrid_int8"}
+_EARLIER = {new: old for old, new in LEGACY.items()}
 
 
 STEP_COST_NOTE = ("\nStep cost: a step's draft, verification and other time in units of the target alone's time "
                   "per token; the speedup is about tau / (their sum).\n")
 
 
-def run_method(name: str, target, drafts: dict, ids: torch.LongTensor, args) -> tuple[torch.LongTensor, dict]:
-    """Decode ``ids`` greedily with one method; returns the new tokens and the method's statistics.
-
-    ``drafts`` holds the draft model as loaded (``"plain"``) and int8-quantized (``"q8"``); methods
-    ending in ``_q8`` use the latter, for transformers and semverify alike.
-    """
-    common = dict(do_sample=False, max_new_tokens=args.max_new_tokens)
-    draft = drafts["q8" if name.endswith("_q8") else "plain"]
-    name = name.removesuffix("_q8")
-    if name == "target":
-        out, stats = target.generate(ids, **common), None
-    elif name == "hf_assisted":
-        out, stats = target.generate(ids, assistant_model=draft, **common), None
-    elif name == "hf_pld":
-        out, stats = target.generate(ids, prompt_lookup_num_tokens=args.pld_tokens, **common), None
-    elif name == "semverify_sd":
-        res = generate(target, ids, assistant_model=draft, num_assistant_tokens=args.k,
-                       return_dict_in_generate=True, **common)
-        out, stats = res.sequences, res.spec_stats.to_dict()
-    elif name == "semverify_pld":
-        res = generate(target, ids, prompt_lookup_num_tokens=args.pld_tokens, return_dict_in_generate=True, **common)
-        out, stats = res.sequences, res.spec_stats.to_dict()
-    elif name in DRAFTERS:
-        k = 8 if name == "semverify_tree" else 2 * args.k if name == "semverify_adaptive" else args.k
-        res = generate(target, ids, drafter=DRAFTERS[name](draft), num_assistant_tokens=k,
-                       return_dict_in_generate=True, **common)
-        out, stats = res.sequences, res.spec_stats.to_dict()
-    else:
-        raise ValueError(f"unknown method {name!r}; choose from {', '.join(METHODS)}")
-    return out[0, ids.shape[1]:], stats
-
-
 def summarise(rows: list[dict], methods: list[str]) -> dict:
-    """Median tok/s, median per-prompt speed ratio vs the target alone, tau, alpha, identical outputs."""
-    by = {(r["id"], r["method"]): r for r in rows}
-    ids = sorted({r["id"] for r in rows if all((r["id"], m) in by for m in methods)})
+    """Median tok/s, median per-prompt speed ratio vs the target alone, tau, alpha, identical outputs, per
+    name in ``methods`` (names of earlier versions, in the rows too, read as the registry's)."""
+    by = {(r["id"], LEGACY.get(r["method"], r["method"])): r for r in rows}
+    names = {m: LEGACY.get(m, m) for m in methods}
+    ids = sorted({r["id"] for r in rows if all((r["id"], n) in by for n in (BASELINE, *names.values()))})
+    alone = [by[(i, BASELINE)] for i in ids]
     out = {}
-    for m in methods:
-        rs = [by[(i, m)] for i in ids]
-        ratio = [by[(i, m)]["tok_s"] / by[(i, "target")]["tok_s"] for i in ids]
+    for m, n in names.items():
+        rs = [by[(i, n)] for i in ids]
+        stats = [r["stats"] for r in rs if r.get("stats")]
         out[m] = {
             "prompts": len(rs),
             "tok_s_median": statistics.median(r["tok_s"] for r in rs),
-            "speedup_vs_target_median": statistics.median(ratio),
-            "identical_to_target": sum(by[(i, m)]["tokens"] == by[(i, "target")]["tokens"] for i in ids),
-            "tau": _mean([r["stats"]["tau"] for r in rs if r.get("stats")]),
-            "alpha": _mean([r["stats"]["alpha"] for r in rs if r.get("stats")]),
+            "speedup_vs_target_median": statistics.median(r["tok_s"] / a["tok_s"] for r, a in zip(rs, alone)),
+            "identical_to_target": sum(r["tokens"] == a["tokens"] for r, a in zip(rs, alone)),
+            "tau": _mean([s["tau"] for s in stats]),
+            "alpha": _mean([s["alpha"] for s in stats]),
             # the verification forward's width, and where the time went
-            "draft_per_step": _mean([r["stats"]["drafted"] / r["stats"]["steps"] for r in rs if r.get("stats")]),
-            "time_shares": _shares([r["stats"] for r in rs if r.get("stats")]),
-            "step_cost": _step_cost([r["stats"] for r in rs if r.get("stats")], [by[(i, "target")] for i in ids]),
+            "draft_per_step": _mean([s["drafted"] / s["steps"] for s in stats]),
+            "time_shares": _shares(stats),
+            "step_cost": _step_cost(stats, alone),
         }
-    for ours in out:
-        theirs = transformers_counterpart(ours)
-        if theirs in out:
+    for ours, n in names.items():
+        theirs = next((m for m, t in names.items() if t == transformers_counterpart(n)), None)
+        if theirs is not None:
             out[ours][f"speedup_vs_{theirs}_median"] = statistics.median(
-                by[(i, ours)]["tok_s"] / by[(i, theirs)]["tok_s"] for i in ids)
+                by[(i, n)]["tok_s"] / by[(i, names[theirs])]["tok_s"] for i in ids)
     return out
 
 
 def transformers_counterpart(method: str) -> str | None:
-    """The transformers method a semverify method is compared with: prompt lookup with prompt lookup,
-    every draft-model method with assisted generation on the same (plain or int8) draft."""
-    if not method.startswith("semverify_"):
+    """The transformers method a semverify method is compared with: prompt lookup with prompt lookup, the
+    target alone with the target alone, every draft-model method with assisted generation on the same (plain
+    or int8) draft; named by an earlier version's name when ``method`` is."""
+    m = timed_method(LEGACY.get(method, method))
+    if m.hf or m.method.decoder == "draft":
         return None
-    if method == "semverify_pld":
-        return "hf_pld"
-    return "hf_assisted_q8" if method.endswith("_q8") else "hf_assisted"
+    theirs = ("hf_pld" if m.method.drafter == "prompt_lookup" else "hf_vanilla" if m.draft is None
+              else "hf_sd_int8" if m.int8 else "hf_sd")
+    return _EARLIER.get(theirs, theirs) if method in LEGACY else theirs
 
 
 def _shares(stats: list[dict]) -> dict[str, float] | None:
@@ -149,42 +127,34 @@ def markdown(summary: dict, env: dict) -> str:
 
 def run_speed(args) -> str:
     """The whole benchmark for the parsed ``semverify speed`` arguments; returns the Markdown table."""
-    methods = args.methods.split(",")
-    unknown = set(methods) - set(METHODS)
-    if unknown or "target" not in methods:
-        raise ValueError(f"--methods must include 'target' and only use {', '.join(METHODS)}")
+    names = [m.strip() for m in args.methods.split(",") if m.strip()]
+    methods = [timed_method(LEGACY.get(n, n), args.k, args.pld_tokens) for n in names]
+    if BASELINE not in [m.name for m in methods]:
+        raise ValueError(f"--methods must include {BASELINE!r} (transformers' target alone, the baseline)")
+    if len({m.name for m in methods}) != len(methods):
+        raise ValueError(f"--methods names a method twice: {', '.join(names)}")
     problems = GSM8K().load(args.data, args.limit)
     torch.set_num_threads(args.threads)
     out_dir = Path(args.out)
-    out_dir.mkdir(parents=True, exist_ok=True)
     rows_path = out_dir / "rows.jsonl"
-    done = {(r["id"], r["method"]) for r in map(json.loads, rows_path.open())} if rows_path.exists() else set()
-
-    target, tokenizer = load_model(args.target, dtype=args.dtype)
-    drafts = {"plain": load_model(args.draft, dtype=args.dtype)[0]}
-    if any(m.endswith("_q8") for m in methods):
-        drafts["q8"] = load_model(args.draft, quantize="int8")[0]
     env = environment(target=args.target, draft=args.draft, dtype=args.dtype, max_new_tokens=args.max_new_tokens,
                       k=args.k, pld_tokens=args.pld_tokens, limit=args.limit, prompt="chat zero-shot, Final Answer")
-    warm = tokenizer("Warm up.", return_tensors="pt").input_ids
-    for m in methods:  # first calls pay one-off allocation costs
-        run_method(m, target, drafts, warm, argparse.Namespace(**{**vars(args), "max_new_tokens": 8}))
-
-    todo = [(prob, m) for prob in problems for m in (methods if prob.id % 2 == 0 else methods[::-1])
-            if (prob.id, m) not in done]
-    with rows_path.open("a") as sink:
+    with RowWriter(rows_path) as writer:  # locks the file and cuts a torn last line before the done-set is read
+        done = {(r["id"], LEGACY.get(r["method"], r["method"])) for r in read_row_file(rows_path)}
+        run = Decoders(args.target, args.draft, args.dtype, methods)
+        run.warm_up(methods, 8)
+        todo = [(prob, m) for prob in problems for m in (methods if prob.id % 2 == 0 else methods[::-1])
+                if (prob.id, m.name) not in done]
         for prob, m in tqdm(todo, desc="speed", unit="run"):
-            ids = tokenizer(GSM8K().prompt(tokenizer, prob), return_tensors="pt").input_ids
+            ids = run.tokenizer(GSM8K().prompt(run.tokenizer, prob), return_tensors="pt").input_ids
             start = time.perf_counter()
-            new, stats = run_method(m, target, drafts, ids, args)
+            new, stats = run.decode(m, ids, args.max_new_tokens)
             wall = time.perf_counter() - start
-            row = {"id": prob.id, "method": m, "new_tokens": len(new), "wall_s": wall,
-                   "tok_s": len(new) / wall, "tokens": new.tolist(), "stats": stats, "machine": machine()}
-            sink.write(json.dumps(row) + "\n")
-            sink.flush()
+            writer.write({"id": prob.id, "method": m.name, "new_tokens": new.shape[1], "wall_s": wall,
+                          "tok_s": new.shape[1] / wall, "tokens": new[0].tolist(), "stats": stats,
+                          "machine": machine()})
 
-    rows = [json.loads(line) for line in rows_path.open()]
-    summary = summarise(rows, methods)
+    summary = summarise(read_row_file(rows_path), names)
     (out_dir / "summary.json").write_text(json.dumps({"environment": env, "summary": summary}, indent=2))
     (out_dir / "summary.md").write_text(markdown(summary, env))
     return markdown(summary, env)

@@ -8,7 +8,7 @@ import itertools
 import json
 from pathlib import Path
 
-from .report import summarise
+from .summary import summarise
 
 
 def grid_methods(method: str, grids: dict[str, list]) -> list[str]:

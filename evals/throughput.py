@@ -1,6 +1,9 @@
 """Batch throughput: total new tokens per second at several batch sizes, the target alone (transformers'
-batched ``generate`` and semverify's loop) beside speculative decoding (bf16 and int8 draft) and prompt
-lookup, all in one run on the same GSM8K prompts, greedy. Rows are appended as they finish (resumable).
+batched ``generate``, ``hf_vanilla``, and semverify's loop, ``vanilla``) beside speculative decoding (``sd``,
+``sd_int8``) and prompt lookup (``pld``), all in one run on the same GSM8K prompts, greedy; methods are named
+as `evals.timing` names them. Rows are written crash-safely as they finish (resumable); rows and
+``--methods`` with the names of earlier versions (``target_hf``, ``target``) are read as the registry's
+names, and a method given by such a name keeps it in the summary.
 
 On a machine whose matrix units make a batch of rows nearly as cheap as one row (GPUs; fp32 on
 AVX2 CPUs), batching the target alone gains throughput until compute runs out, while speculative
@@ -16,24 +19,19 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from semverify import generate, load_model
+from semverify.registry import drafter_kind
 from semverify.types import eos_ids
 
 from .benchmarks import GSM8K
 from .env import environment, machine
+from .rows import RowWriter, read_row_file
+from .runner import left_pad
+from .timing import Decoders, timed_method
 
-METHODS = ("target_hf", "target", "sd", "sd_int8", "pld")
-
-
-def decode(method: str, target, drafts: dict, ids: torch.LongTensor, mask: torch.LongTensor, max_new_tokens: int,
-           k: int, pad: int) -> torch.LongTensor:
-    """The new tokens of one left-padded batch, greedy, with ``method``."""
-    common = dict(attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=pad)
-    if method == "target_hf":
-        return target.generate(ids, **common)[:, ids.shape[1]:]
-    extra = {"target": {}, "sd": {"assistant_model": drafts.get("plain")},
-             "sd_int8": {"assistant_model": drafts.get("int8")}, "pld": {"prompt_lookup_num_tokens": 10}}[method]
-    return generate(target, ids, num_assistant_tokens=k, **common, **extra)[:, ids.shape[1]:]
+METHODS = ("hf_vanilla", "vanilla", "sd", "sd_int8", "pld")
+BASELINE = "vanilla"  # semverify's loop alone: each method's ratio at a batch size is against it
+LEGACY = {"target_hf": "hf_vanilla", "target": "vanilla"}  # the names of earlier versions (results/batch)
+_ALONE = ("vanilla", "hf_vanilla")
 
 
 def real_tokens(new: torch.LongTensor, eos: set[int]) -> int:
@@ -46,48 +44,38 @@ def real_tokens(new: torch.LongTensor, eos: set[int]) -> int:
 
 def run_throughput(args) -> str:
     """The benchmark for the parsed ``semverify throughput`` arguments; returns the Markdown table."""
-    methods, sizes = args.methods.split(","), sorted({int(b) for b in args.batch_sizes.split(",")})
-    unknown = set(methods) - set(METHODS)
-    if unknown:
-        raise ValueError(f"unknown --methods {', '.join(sorted(unknown))}; choose from {', '.join(METHODS)}")
+    names = [m.strip() for m in args.methods.split(",") if m.strip()]
+    methods = [timed_method(LEGACY.get(n, n), args.k) for n in names]
+    single = [m.name for m in methods if m.hf and m.name != "hf_vanilla" or not drafter_kind(m.method.drafter).batches]
+    if single:
+        raise ValueError(f"--methods {', '.join(single)} decode one sequence at a time; choose from "
+                         f"{', '.join(METHODS)} or another method preset that batches")
+    if len({m.name for m in methods}) != len(methods):
+        raise ValueError(f"--methods names a method twice: {', '.join(names)}")
+    sizes = sorted({int(b) for b in args.batch_sizes.split(",")})
     problems = GSM8K().load(args.data, args.prompts)
     if len(problems) % max(sizes):
         raise ValueError(f"--prompts ({len(problems)}) must be a multiple of the largest batch size {max(sizes)}")
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     rows_path = out / "rows.jsonl"
-    done = {(r["method"], r["batch_size"], r["first"]) for r in map(json.loads, rows_path.open())} \
-        if rows_path.exists() else set()
-    target, tokenizer = load_model(args.target, dtype=args.dtype)
-    drafts = {}
-    if "sd" in methods:
-        drafts["plain"] = load_model(args.draft, dtype=args.dtype)[0]
-    if "sd_int8" in methods:
-        drafts["int8"] = load_model(args.draft, quantize="int8")[0]
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    eos = set(eos_ids(target.generation_config.eos_token_id))
-    prompts = [tokenizer(GSM8K().prompt(tokenizer, p)).input_ids for p in problems]
-    warm = tokenizer(["Warm up."], return_tensors="pt")
-    for m in methods:  # first calls pay one-off allocation costs
-        decode(m, target, drafts, warm.input_ids, warm.attention_mask, 4, args.k, pad)
-    todo = [(b, first, m) for b in sizes for first in range(0, len(prompts), b)
-            for m in (methods if (first // b) % 2 == 0 else methods[::-1]) if (m, b, first) not in done]
-    with rows_path.open("a") as sink:
+    with RowWriter(rows_path) as writer:  # locks the file and cuts a torn last line before the done-set is read
+        done = {(LEGACY.get(r["method"], r["method"]), r["batch_size"], r["first"]) for r in read_row_file(rows_path)}
+        run = Decoders(args.target, args.draft, args.dtype, methods)
+        eos = set(eos_ids(run.target.generation_config.eos_token_id))
+        prompts = [run.tokenizer(GSM8K().prompt(run.tokenizer, p)).input_ids for p in problems]
+        run.warm_up(methods, 4)
+        todo = [(b, first, m) for b in sizes for first in range(0, len(prompts), b)
+                for m in (methods if (first // b) % 2 == 0 else methods[::-1]) if (m.name, b, first) not in done]
         for b, first, m in tqdm(todo, desc="throughput", unit="batch"):
-            chunk = prompts[first : first + b]
-            width = max(map(len, chunk))
-            ids = torch.tensor([[pad] * (width - len(p)) + p for p in chunk])
-            mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in chunk])
+            ids, mask = left_pad(prompts[first : first + b], run.pad)
             start = time.perf_counter()
-            new = decode(m, target, drafts, ids, mask, args.max_new_tokens, args.k, pad)
+            new, _ = run.decode(m, ids, args.max_new_tokens, mask)
             wall = time.perf_counter() - start
-            sink.write(json.dumps({"method": m, "batch_size": b, "first": first, "tokens": real_tokens(new, eos),
-                                   "wall_s": wall, "machine": machine()}) + "\n")
-            sink.flush()
-    rows = [json.loads(line) for line in rows_path.open()]
+            writer.write({"method": m.name, "batch_size": b, "first": first, "tokens": real_tokens(new, eos),
+                          "wall_s": wall, "machine": machine()})
     env = environment(target=args.target, draft=args.draft, dtype=args.dtype, max_new_tokens=args.max_new_tokens,
                       k=args.k, prompts=len(prompts), batch_sizes=sizes)
-    summary = summarise(rows, methods, sizes)
+    summary = summarise(read_row_file(rows_path), names, sizes)
     (out / "summary.json").write_text(json.dumps({"environment": env, "summary": summary}, indent=2))
     text = markdown(summary, env)
     (out / "summary.md").write_text(text)
@@ -96,24 +84,26 @@ def run_throughput(args) -> str:
 
 
 def summarise(rows: list[dict], methods: list[str], sizes: list[int]) -> dict:
-    """Per method and batch size: total tokens/s over the prompts, its ratio to B=1 and to the target
-    alone (semverify's loop) at that size, and the crossover: the smallest batch size at which the
-    target alone is at least as fast as each speculative method."""
+    """Per name in ``methods`` and batch size: total tokens/s over the prompts, its ratio to B=1 and to the
+    target alone (semverify's loop) at that size, and the crossover: the smallest batch size at which the
+    target alone is at least as fast as each speculative method (names of earlier versions, in the rows
+    too, read as the registry's)."""
+    names = {m: LEGACY.get(m, m) for m in methods}
     table: dict[str, dict[int, dict]] = {}
-    for m in methods:
+    for m, n in names.items():
         for b in sizes:
-            mine = [r for r in rows if r["method"] == m and r["batch_size"] == b]
+            mine = [r for r in rows if LEGACY.get(r["method"], r["method"]) == n and r["batch_size"] == b]
             tokens, wall = sum(r["tokens"] for r in mine), sum(r["wall_s"] for r in mine)
             table.setdefault(m, {})[b] = {"tokens": tokens, "wall_s": wall, "tok_s": tokens / wall if wall else 0.0,
                                           "batches": len(mine)}
-    for m in methods:
+    alone = next((table[m] for m, n in names.items() if n == BASELINE), {})
+    for m in names:
         for b in sizes:
             entry = table[m][b]
             entry["vs_b1"] = entry["tok_s"] / table[m][sizes[0]]["tok_s"] if table[m][sizes[0]]["tok_s"] else 0.0
-            alone = table.get("target", {}).get(b, {}).get("tok_s")
-            entry["vs_target"] = entry["tok_s"] / alone if alone else None
+            entry["vs_target"] = entry["tok_s"] / alone[b]["tok_s"] if alone and alone[b]["tok_s"] else None
     crossover = {m: next((b for b in sizes if (table[m][b]["vs_target"] or 0) <= 1.0), None)
-                 for m in methods if m not in ("target", "target_hf")}
+                 for m, n in names.items() if n not in _ALONE}
     return {"table": table, "crossover": crossover, "sizes": sizes}
 
 

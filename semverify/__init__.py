@@ -13,19 +13,17 @@ from .drafters import (
 )
 from .generation import SpecGenerateOutput, generate
 from .loop import speculative_generate
+from .methods import Method, available_methods, register_method
 from .models import DEFAULT_DRAFT, DEFAULT_TARGET, OFFLINE_MODELS, load_model
 from .registry import (
     DrafterKind,
     DraftResources,
-    Method,
     RunContext,
     available_drafters,
-    available_methods,
     available_rules,
     get_rule,
     make_drafter,
     register_drafter,
-    register_method,
     register_rule,
 )
 from .rules import AcceptanceRule, BaseRule, GreedyMatch, SpeculativeSampling, TypicalAcceptance

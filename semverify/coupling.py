@@ -32,7 +32,7 @@ class CoupledNoise:
     Pass it where a ``torch.Generator`` goes (``generate(..., do_sample=True, generator=CoupledNoise(seed))``,
     one per row for a batch): the loop then gives every draw the position of the token it draws, and the
     target's tokens become a function of the seed alone. ``sample`` derives the noise of a further sample
-    of the same problem. Position 0 is the first generated token; :meth:`at` shifts the origin.
+    of the same problem. Position 0 is the first generated token; `at` shifts the origin.
     """
 
     def __init__(self, seed: int, sample: int = 0, *, offset: int = 0, _cache: dict | None = None) -> None:
@@ -81,7 +81,7 @@ class CoupledNoise:
 
 
 def is_coupled(generator: object) -> bool:
-    """Whether draws go through coupled noise (a :class:`CoupledNoise`) rather than a torch stream."""
+    """Whether draws go through coupled noise (a `CoupledNoise`) rather than a torch stream."""
     return isinstance(generator, CoupledNoise)
 
 

@@ -26,7 +26,7 @@ DEFAULT_NUM_DRAFT_TOKENS = 5
 
 @dataclass
 class SpecGenerateOutput(GenerateDecoderOnlyOutput):
-    """transformers' decoder-only output plus the call's :class:`SpecStats`."""
+    """transformers' decoder-only output plus the call's `SpecStats`."""
 
     spec_stats: SpecStats | None = None
 
@@ -68,11 +68,11 @@ def generate(
     ``logits_processor``), applied at every verified position with its own prefix and to the draft
     model's distribution; ``stop_strings`` (with ``tokenizer``), ``max_time`` and ``stopping_criteria``
     end a row at the first token after which they hold. Settings it does not do raise an error naming
-    them (see :mod:`semverify.generation_config`). Returns the sequences, or with
-    ``return_dict_in_generate=True`` a :class:`SpecGenerateOutput` whose ``spec_stats`` holds the
+    them (see `semverify.generation_config`). Returns the sequences, or with
+    ``return_dict_in_generate=True`` a `SpecGenerateOutput` whose ``spec_stats`` holds the
     call's statistics. Random draws use ``generator`` or one seeded from torch's global RNG, so
     ``torch.manual_seed`` makes sampled runs repeatable; ``generator=CoupledNoise(seed)`` (one per row for a
-    batch, see :mod:`semverify.coupling`) draws every target token from noise keyed by (seed, position), so
+    batch, see `semverify.coupling`) draws every target token from noise keyed by (seed, position), so
     every lossless drafter gives the target alone's output for that seed. ``acceptance`` is the former name
     of ``rule``.
     """
@@ -121,7 +121,7 @@ def row_generators(generator: torch.Generator | list[torch.Generator] | None, ba
     """The random streams of a call: ``generator`` as given for one row (a fresh one seeded from torch's
     global RNG when None), else one per row, each seeded from ``generator`` (or the global RNG) in row
     order, so a row's draws do not depend on the other rows' content. One
-    :class:`~semverify.coupling.CoupledNoise` for a batch gives each row noise derived from it."""
+    `CoupledNoise` for a batch gives each row noise derived from it."""
     if isinstance(generator, (list, tuple)):
         if len(generator) != batch:
             raise ValueError(f"pass one generator per row: got {len(generator)} for a batch of {batch}")

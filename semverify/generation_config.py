@@ -76,7 +76,7 @@ def processors(model: PreTrainedModel, config: GenerationConfig, prompts: Sequen
                extra: LogitsProcessorList | None = None) -> tuple[LogitsProcessorList, ...] | None:
     """One transformers ``LogitsProcessorList`` per prompt, as ``model.generate`` builds it from ``config``
     (and ``extra``), or None when it would only hold the temperature/top-k/top-p warpers that
-    :class:`~semverify.sampling.Sampler` applies itself."""
+    `Sampler` applies itself."""
     config = resolved(config)
     model._prepare_special_tokens(config, True, prompts[0].device)
 

@@ -2,7 +2,7 @@
 
 ``lm-eval run --model semverify --model_args pretrained=T,assistant_model=D,rule=easd,num_assistant_tokens=5``
 (or ``prompt_lookup_num_tokens=10``) evaluates any lm-eval task: ``generate_until`` decodes with
-:func:`semverify.generate`, stopping at the task's ``until`` strings after at most ``max_gen_toks``
+`semverify.generate`, stopping at the task's ``until`` strings after at most ``max_gen_toks``
 tokens, and the likelihood requests are scored by plain target forward passes. With ``stats_path``,
 tau, alpha and tokens/s of every generation are written there, beside lm-eval's results
 (``semverify lm-eval`` sets it from ``--output_path``).

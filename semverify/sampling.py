@@ -95,7 +95,7 @@ def sample_from(probs: torch.Tensor, generator: Generators = None, positions=Non
 
     With one generator per batch row (dimension 0), each row draws from its own stream exactly what it
     would draw alone, so a row's output does not depend on the rows beside it. With
-    :class:`~semverify.coupling.CoupledNoise` the draw is the Gumbel-max at the rows' output
+    `CoupledNoise` the draw is the Gumbel-max at the rows' output
     ``positions`` (relative to the step) in noise ``stream``.
     """
     if is_coupled(generator):

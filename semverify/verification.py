@@ -1,6 +1,6 @@
 """Verification: a rule judges each row of a batch, each path of a tree, or a sampled tree sibling by sibling.
 
-Kept apart from :mod:`semverify.tree` (tree geometry: masks, positions, cache compaction) and from the
+Kept apart from `semverify.tree` (tree geometry: masks, positions, cache compaction) and from the
 rules themselves, so that rules build on it and nothing here imports a rule.
 """
 
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 def verify_rows(rule: BaseRule, x: VerifyInput) -> tuple[list[list[int]], Verdict]:
     """Each row's judged path and one verdict for the batch. One row: its draft as it is (a tree through
-    the rule's :meth:`~semverify.rules.BaseRule.verify_tree`). Several rows: each row's chain draft on its
+    the rule's `verify_tree`). Several rows: each row's chain draft on its
     own, so that a row's verdict, and the random draws it takes from its own stream, are what they would be
     alone."""
     batch = x.draft.tokens.shape[0]

@@ -366,3 +366,18 @@ def test_the_checks_catch_what_they_are_for() -> None:
     assert python_problems("from semverify.sense import RetrievalDrafter\nimport semverify.no_such_module\n")
     assert python_problems("out = semverify.generate(\n")[0].startswith("does not parse")
     assert python_problems("import semverify\nsemverify.sense.RetrievalDrafter\nimport torch\ntorch.nope\n") == []
+
+
+SPHINX_ROLE = re.compile(r":(?:class|func|meth|attr|mod|data|exc):`")
+
+
+def sphinx_roles(source: str) -> list[str]:
+    """Sphinx cross-reference roles in ``source``: the API pages (mkdocstrings, Markdown) print them literally."""
+    return SPHINX_ROLE.findall(source)
+
+
+def test_docstrings_are_markdown_without_sphinx_roles() -> None:
+    sources = [p for package in CHECKED_PACKAGES for p in sorted((ROOT / package).rglob("*.py"))]
+    found = [f"{p.relative_to(ROOT)}: {role}" for p in sources for role in sphinx_roles(p.read_text())]
+    assert found == []
+    assert sphinx_roles("see :class:`Method` and :func:`load_methods`") == [":class:`", ":func:`"]

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from semverify.commands import non_negative_int, positive_int
 from semverify.models import DEFAULT_DRAFT, DEFAULT_TARGET
+
+if TYPE_CHECKING:
+    from evals.runner import CheckedRun
 
 
 def printed(benchmark: Callable[[argparse.Namespace], str]) -> Callable[[argparse.Namespace], int]:
@@ -79,12 +81,11 @@ def add_run_args(p: argparse.ArgumentParser, limit: int) -> None:
                         "started (e.g. a store rebuilt on another machine); run.json records both hashes")
 
 
-def checked_run(args: argparse.Namespace, methods: str | None, configs: list[str] | None, only: str | None = None):
-    """(RunSettings, methods) from a run's arguments, every input error raised before a model loads."""
-    from evals.benchmarks import get_benchmark
-    from evals.runner import RunSettings
-    from semverify.models import ModelLoadError, load_tokenizer
-    from semverify.registry import drafter_kind, load_methods
+def checked_run(args: argparse.Namespace, methods: str | None, configs: list[str] | None,
+                only: str | None = None) -> CheckedRun:
+    """The run of a command's arguments, checked and built once, every input error raised before a model loads."""
+    from evals.provenance import RunSettings
+    from evals.runner import CheckedRun
 
     settings = RunSettings(
         target=args.target, draft=args.draft, dtype=args.dtype, benchmark=args.benchmark, data=args.data,
@@ -97,24 +98,4 @@ def checked_run(args: argparse.Namespace, methods: str | None, configs: list[str
         raise ValueError("--samples draws several outputs per problem; add --do-sample (greedy outputs repeat)")
     if args.coupled and not args.do_sample:
         raise ValueError("--coupled couples sampled runs; add --do-sample (greedy runs are paired already)")
-    bench = get_benchmark(args.benchmark)
-    bench.check_template(args.template)
-    if not bench.load(args.data, args.limit, offset=args.offset or 0):
-        raise ValueError(f"--offset {args.offset} is past the last problem of --data {args.data}")
-    try:
-        tokenizer = load_tokenizer(args.target)
-    except ModelLoadError:
-        tokenizer = None  # methods are checked without it; loading the target then reports the problem
-    chosen = load_methods(methods, configs, settings.context(tokenizer), only)
-    unbatched = [m.name for m in chosen if (args.batch_size or 1) > 1 and not drafter_kind(m.drafter).batches]
-    if unbatched:
-        raise ValueError(f"methods {', '.join(unbatched)} draft for one sequence at a time (whole steps, retrieval "
-                         "trees); run them without --batch-size")
-    storeless = [m.name for m in chosen if m.retrieves and m.datastore(args.datastore) is None]
-    if storeless:
-        raise ValueError(f"methods {', '.join(storeless)} draft by retrieval and need --datastore FILE "
-                         "(build one with `semverify datastore`) or their own drafter.datastore=FILE")
-    for path in {m.datastore(args.datastore) for m in chosen} - {None}:
-        if not Path(path).is_file():
-            raise FileNotFoundError(f"datastore not found: {path}")
-    return settings, chosen
+    return CheckedRun.build(settings, methods, configs, only)

@@ -7,7 +7,7 @@ import argparse
 from evals.report import report
 from evals.runner import compare, shard_info
 from semverify.commands import Command
-from semverify.registry import available_methods
+from semverify.methods import available_methods
 
 from .common import add_run_args, checked_run
 
@@ -26,7 +26,7 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    out = compare(*checked_run(args, args.methods, args.config, args.only), args.out, repin=args.repin)
+    out = compare(checked_run(args, args.methods, args.config, args.only), args.out, repin=args.repin)
     if not args.no_report and shard_info() == (0, 1):
         print(report(out))
     return 0

@@ -7,7 +7,7 @@ import json
 
 from evals.replay import add_predicted_speedup, replay_run, replay_table
 from semverify.commands import Command
-from semverify.registry import load_methods
+from semverify.methods import load_methods
 from semverify.sense import Datastore
 
 

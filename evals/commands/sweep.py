@@ -36,8 +36,7 @@ def run(args: argparse.Namespace) -> int:
             raise FileNotFoundError(f"{args.out} holds no run yet (no run.json); run the sweep without --report-only")
         out = args.out
     else:
-        run_settings, methods = checked_run(args, ",".join(references + settings), None)
-        out = compare(run_settings, methods, args.out, repin=args.repin)
+        out = compare(checked_run(args, ",".join(references + settings), None), args.out, repin=args.repin)
     print(write(frontier(out, settings, references[0], args.keep), out))
     return 0
 

@@ -16,8 +16,10 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompts", type=positive_int, default=8, help="prompts, a multiple of the largest batch size")
     p.add_argument("--batch-sizes", default="1,2,4,8")
     p.add_argument("--max-new-tokens", type=positive_int, default=128)
-    p.add_argument("--k", type=positive_int, default=5, help="draft tokens per step")
-    p.add_argument("--methods", default=",".join(METHODS))
+    p.add_argument("--k", type=positive_int, default=None,
+                   help="draft tokens per step of the draft-model methods (default: each preset's own)")
+    p.add_argument("--methods", default=",".join(METHODS),
+                   help="method presets that batch, and transformers' hf_vanilla; vanilla is the baseline")
     p.add_argument("--out", default="results/batch")
 
 

@@ -20,7 +20,7 @@ class Drafter(Protocol):
 
     ``gives_probs``: whether drafts carry the q they were sampled from. ``needs_target_hidden``:
     whether ``commit`` wants the target's last-layer hidden states of the verified positions.
-    ``batching``: how it serves a batch (see :class:`BaseDrafter`).
+    ``batching``: how it serves a batch (see `BaseDrafter`).
     """
 
     gives_probs: bool
@@ -47,7 +47,7 @@ class Drafter(Protocol):
 @runtime_checkable
 class RowDrafter(Protocol):
     """What the loop drives: a drafter for every row of a batch at once (rows keep their own state, and
-    leave the batch with ``keep_rows``). :func:`row_drafter` makes one of any :class:`Drafter`."""
+    leave the batch with ``keep_rows``). `row_drafter` makes one of any `Drafter`."""
 
     gives_probs: bool
     needs_target_hidden: bool
@@ -74,7 +74,7 @@ class BaseDrafter:
     """No-op ``reset``, ``commit`` and ``feedback``: a drafter overrides what it needs.
 
     ``batching`` declares how it serves a batch: ``"rows"``, it drafts every row itself (it implements
-    :class:`RowDrafter`, as the draft model does); ``"copies"``, one copy per row (per-sequence state, no
+    `RowDrafter`, as the draft model does); ``"copies"``, one copy per row (per-sequence state, no
     shared model: prompt lookup, retrieval); ``"single"``, one sequence only (trees, steps).
     """
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from ..registry import Method, RunContext, register_method, register_rule
+from ..methods import Method, register_method
+from ..registry import RunContext, register_rule
 from .calibration import EntropyCalibration, calibration_path, find_calibration
 from .rule import EntropyAwareRule
 
@@ -24,7 +25,7 @@ def make_easd(
     Calibrations are found by the run's model names (``context``), or given as JSON files
     (``draft_calibration``/``target_calibration``); the run's temperature picks the calibration made at
     it (greedy decoding sees the T=1 distributions). With no thresholds at all, the percentile is
-    ``DEFAULT_PERCENTILE``. ``options`` go to :class:`EntropyAwareRule` (``top_n``, ``overlap``,
+    ``DEFAULT_PERCENTILE``. ``options`` go to `EntropyAwareRule` (``top_n``, ``overlap``,
     ``resample``, and the paper's ablations ``use_entropy=False`` / ``use_overlap=False``).
     """
     artifacts: tuple[str, ...] = ()

@@ -2,7 +2,7 @@
 
 EASD's thresholds are "an entropy percentile on a validation set": run each model over reference
 answers, record the entropy of its next-token distribution at every answer token, and keep the
-percentiles in an :class:`EntropyCalibration` (see :mod:`semverify.easd.calibration`).
+percentiles in an `EntropyCalibration` (see `semverify.easd.calibration`).
 """
 
 from __future__ import annotations

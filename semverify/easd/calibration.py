@@ -1,7 +1,7 @@
 """Per-model entropy percentiles, so EASD thresholds can be given as percentiles (runtime: load and look up).
 
-A calibration is a small JSON file found by model name (see :func:`find_calibration`); it is made by
-:func:`semverify.easd.calibrate.calibrate_entropy`.
+A calibration is a small JSON file found by model name (see `find_calibration`); it is made by
+`semverify.easd.calibrate.calibrate_entropy`.
 """
 
 from __future__ import annotations

@@ -37,8 +37,8 @@ class EntropyAwareRule(BaseRule):
     divides them by log|V|, so thresholds then lie in [0, 1]). After a penalty the token comes from
     the target with the draft token removed (``resample="target"``; greedy: the target's second
     choice) or from the SD residual of that distribution (``resample="residual"``). With either
-    threshold at +inf the rule is exactly :class:`~semverify.rules.SpeculativeSampling`. Under coupled noise
-    (:mod:`semverify.coupling`) acceptance is drafter-invariant (a draft token is kept while it equals the
+    threshold at +inf the rule is exactly `SpeculativeSampling`. Under coupled noise
+    (`semverify.coupling`) acceptance is drafter-invariant (a draft token is kept while it equals the
     coupled target token) instead of min(1, p/q), and the penalty's resample is the Gumbel-max of the
     target's distribution without the draft token under a second noise stream.
     """

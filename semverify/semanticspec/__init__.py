@@ -6,8 +6,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from ..methods import Method, register_method
 from ..model_cache import cache_root, model_key
-from ..registry import DrafterKind, DraftResources, Method, RunContext, register_drafter, register_method, register_rule
+from ..registry import DrafterKind, DraftResources, RunContext, register_drafter, register_rule
 from .baselines import SpecReason, StepLikelihood
 from .drafter import StepDrafter
 from .drafts import StepDraft, StepTokensDraft

@@ -15,9 +15,9 @@ from .segment import StepSegmenter
 class StepDrafter(ModelDrafter):
     """Alternates two kinds of drafts:
 
-    - :class:`StepDraft`: one whole step (until a stop string or the cap), with the mean last-layer
+    - `StepDraft`: one whole step (until a stop string or the cap), with the mean last-layer
       hidden state of the positions that emitted it (``pooled_hidden``) for the draft probe;
-    - :class:`StepTokensDraft`: ``token_k`` tokens, while the target writes a step itself (the first
+    - `StepTokensDraft`: ``token_k`` tokens, while the target writes a step itself (the first
       one, when ``target_first_step``, and every step after a rejection), until that step's break is
       emitted.
     """

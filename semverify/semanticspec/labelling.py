@@ -3,7 +3,7 @@
 At inference a drafted step follows a prefix the models wrote themselves, cut where the step drafter
 cuts, and the target probe reads the target's states over a *draft* step. So the data is built the
 same way: prefixes are the models' own sampled answers to train prompts, cut at the step ends the
-:class:`StepSegmenter` finds in their token ids; at each prefix both models sample one-step
+`StepSegmenter` finds in their token ids; at each prefix both models sample one-step
 continuations in a batch, and the target reads every draft step in one more batched forward (its
 features, and its token statistics over the step, for the token-level rules). One file per prefix
 under ``work/samples``; a killed run resumes where it stopped.
@@ -206,7 +206,7 @@ def collect(target, draft, tokenizer, prompts: Sequence[str], work: str | os.Pat
        draft (``answers-target.jsonl``, ``answers-draft.jsonl``), since accepted draft steps and target
        steps both make up the prefixes a step is judged after;
     2. up to ``settings.per_answer`` prefixes per answer (``prefixes.jsonl``);
-    3. ``samples/NNNNN.pt`` per prefix: :func:`sample_prefixes` over ``group`` prefixes at a time (wider
+    3. ``samples/NNNNN.pt`` per prefix: `sample_prefixes` over ``group`` prefixes at a time (wider
        batches use the CPU better), seeded by the group's first prefix.
     """
     work = Path(work)

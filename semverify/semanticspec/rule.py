@@ -19,7 +19,7 @@ class SemanticStepRule(StepRule):
     draft_probe(the draft's pooled hidden), r = min(1, P_t / P_d); accept the whole step when
     r >= r_min and u < r (u uniform). Every judged step's P_t, P_d and unclipped P_t / P_d go to the
     statistics' ``scores``. The probes must be a pair labelled on the same steps (see
-    :mod:`semverify.semanticspec.training`): otherwise their base rates differ and the ratio means nothing.
+    `semverify.semanticspec.training`): otherwise their base rates differ and the ratio means nothing.
 
     ``r_min > 1`` never accepts a step, which leaves exact target decoding with a lossless token rule.
     """

@@ -1,6 +1,6 @@
 """What every step-level rule shares: a drafted step is accepted whole or not at all, a token veto can
 refuse it first, and the tokens the draft proposes while the target writes a step are verified token
-by token. A rule says only how it judges a step (:meth:`StepRule.judge`)."""
+by token. A rule says only how it judges a step (`StepRule.judge`)."""
 
 from __future__ import annotations
 
@@ -28,12 +28,12 @@ def token_veto(x: VerifyInput, top_k: int | None = None, confidence: float = 1.0
 
 
 class StepRule(BaseRule):
-    """Accept a :class:`StepDraft` whole when no veto fires and :meth:`judge` says so, then the target's
+    """Accept a `StepDraft` whole when no veto fires and `judge` says so, then the target's
     own token follows; otherwise keep nothing and emit the target's token at the step's start (the
-    step drafter then lets the target write that step). :class:`StepTokensDraft` drafts go to
+    step drafter then lets the target write that step). `StepTokensDraft` drafts go to
     ``token_rule`` (lossless speculative sampling by default).
 
-    The veto (``veto_top_k``, ``veto_confidence``/``veto_floor``; see :func:`token_veto`) is checked
+    The veto (``veto_top_k``, ``veto_confidence``/``veto_floor``; see `token_veto`) is checked
     before the judge, so a vetoed step costs the judge nothing. Reasons: ``step`` (accepted step
     tokens), ``step_rejected``, and the veto that fired; scores: the judge's and ``step_accepted``.
     """

@@ -32,7 +32,7 @@ def label_samples(work: str | os.PathLike, judge: Judge, progress: bool = True) 
     Returns tensors: ``target_x``/``target_y``/``target_group``/``target_is_draft`` (target probe rows: all
     steps), ``draft_x``/``draft_y``/``draft_group`` (draft probe rows: the draft's steps, in the same order
     as the draft rows of the target set), ``draft_label_t`` (the target label of each draft step) and
-    ``draft_stats`` (the target's token statistics per draft step, see :data:`labelling.STATS`).
+    ``draft_stats`` (the target's token statistics per draft step, see `labelling.STATS`).
     """
     files = sorted((Path(work) / "samples").glob("*.pt"))
     if not files:

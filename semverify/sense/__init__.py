@@ -3,7 +3,8 @@
 import inspect
 
 from ..easd.calibration import find_calibration
-from ..registry import DrafterKind, DraftResources, Method, RunContext, register_drafter, register_method, register_rule
+from ..methods import Method, register_method
+from ..registry import DrafterKind, DraftResources, RunContext, register_drafter, register_rule
 from .build import build_datastore, collect_states, describe, timed_build
 from .datastore import Datastore, DatastoreError
 from .drafter import RetrievalDrafter

@@ -1,7 +1,7 @@
 """Building a SENSE datastore (offline): the target's hidden states over a corpus, reduced and saved.
 
 Collection runs the target over (prompt, answer) texts in shards that a rerun keeps, so a killed
-build resumes; the reduction (z-score, PCA, L2 norm) makes the :class:`Datastore` that retrieval loads.
+build resumes; the reduction (z-score, PCA, L2 norm) makes the `Datastore` that retrieval loads.
 """
 
 from __future__ import annotations

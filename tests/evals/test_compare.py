@@ -12,10 +12,11 @@ import pytest
 
 from evals.benchmarks import get_benchmark
 from evals.env import machine
-from evals.report import machine_timing, mcnemar, report, summarise, wilson
+from evals.report import report
 from evals.rows import RowWriter, read_rows
+from evals.summary import machine_timing, mcnemar, summarise, wilson
 from semverify.cli import main
-from semverify.registry import Method, get_method, load_methods, parse_method
+from semverify.methods import Method, get_method, load_methods, parse_method
 from tests.helpers import REPO, byte_tokenizer, run_row, tiny_model
 
 METHODS = "vanilla,sd,pld,typical"
@@ -138,7 +139,8 @@ def test_statistics_helpers():
 
 
 def test_per_step_scores_are_summarised_by_quantiles():
-    from evals.report import _rule_events, _score_summary
+    from evals.report import _rule_events
+    from evals.summary import _score_summary
 
     rows = [{"scores": {"step_ratio": [0.5, 1.5, 2.0]}}, {"scores": {"step_ratio": [1.2]}}, {"scores": {}}]
     q = _score_summary(rows)["step_ratio"]
@@ -191,6 +193,34 @@ def test_compare_report_and_resume_after_kill(tiny_checkpoint, tmp_path):
     assert len(keys) == len(set(keys)) == 16
     spec = json.loads((crashed / "run.json").read_text())  # the resume is on record, with the code that ran
     assert len(spec["resumed"]) == 1 and re.fullmatch(r"[0-9a-f]{40}( \+ local changes)?", spec["resumed"][0]["code"])
+
+
+def test_compare_builds_the_benchmark_tokenizer_and_rules_once(tiny_checkpoint, tmp_path, monkeypatch):
+    from collections import Counter
+
+    from evals import runner
+    from evals.benchmarks import Benchmark
+    from semverify import models
+
+    built = Counter()
+
+    def count(owner, name, what):
+        real = getattr(owner, name)
+
+        def counted(*args, **kwargs):
+            built[what(*args)] += 1
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(owner, name, counted)
+
+    count(Benchmark, "load", lambda *_: "benchmark")
+    for owner in (models, runner):  # the harness reads the target's tokenizer with load_tokenizer
+        count(owner, "load_tokenizer", lambda *_: "tokenizer")
+    count(Method, "build_rule", lambda method, *_: f"rule {method.name}")
+    assert main(compare_args(tiny_checkpoint, tmp_path / "run", limit=1, extra=["--no-report"])) == 0
+    assert len(read_rows(tmp_path / "run")) == 4
+    # each rule once: the check builds it and the run keeps it
+    assert built == {"benchmark": 1, "tokenizer": 1, **{f"rule {m}": 1 for m in METHODS.split(",")}}
 
 
 def test_resume_with_other_settings_is_refused(tiny_checkpoint, tmp_path):

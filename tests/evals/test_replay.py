@@ -11,7 +11,7 @@ from evals.replay import agreeing_length, model_free_drafter, replay, replay_run
 from evals.rows import read_rows
 from semverify import PromptLookupDrafter, generate
 from semverify.cli import main
-from semverify.registry import parse_method
+from semverify.methods import parse_method
 from semverify.sense import RetrievalDrafter
 from tests.helpers import tiny_model
 

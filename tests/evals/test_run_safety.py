@@ -7,10 +7,10 @@ import json
 
 import pytest
 
-from evals.report import summarise
 from evals.rows import RowWriter, read_rows
+from evals.summary import summarise
 from semverify.cli import main
-from semverify.registry import get_method
+from semverify.methods import get_method
 from tests.helpers import REPO, run_row  # noqa: F401  (REPO: the harness runs from the repository)
 
 
@@ -43,7 +43,7 @@ def test_a_data_file_that_changed_is_refused(tiny_checkpoint, tmp_path):
 
 def test_a_resume_with_other_code_says_so(tiny_checkpoint, tmp_path, monkeypatch, capsys):
     main(args(tiny_checkpoint, tmp_path / "run", limit=1))
-    monkeypatch.setattr("evals.runner.code_version", lambda: "other-code")
+    monkeypatch.setattr("evals.provenance.code_version", lambda: "other-code")
     main(args(tiny_checkpoint, tmp_path / "run", limit=1))
     assert "with code other-code" in capsys.readouterr().err
 
@@ -93,7 +93,7 @@ def test_rows_without_a_machine_are_timed_only_in_a_run_that_never_moved(tmp_pat
 
 
 def test_a_rebuilt_store_is_refused_unless_repinned_and_then_recorded(tmp_path):
-    from evals.runner import RunSettings, prepare_run
+    from evals.provenance import RunSettings, prepare_run
 
     settings, methods = RunSettings(target="t", draft="d"), [get_method("vanilla")]
     pins = lambda store, data="aa": {"data": {"dev.jsonl": data}, "methods": {"vanilla": {"ds.pt": store}}}  # noqa: E731

@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
+
+import pytest
 
 from semverify.cli import main
+from semverify.methods import get_method
+from tests.helpers import REPO
 
 
 def test_speed_runs_semverifys_drafters_beside_transformers(tiny_checkpoint, tmp_path, capsys):
@@ -48,3 +53,51 @@ def test_each_semverify_method_is_compared_with_transformers_on_the_same_draft()
     s = summarise(rows, ["target", "hf_assisted_q8", "semverify_tree_q8"])
     assert s["semverify_tree_q8"]["speedup_vs_hf_assisted_q8_median"] == 1.5
     assert not any(k.startswith("speedup_vs_hf") for k in s["hf_assisted_q8"])
+
+
+@pytest.mark.parametrize("tear", ["newline", "half"])
+def test_a_torn_last_row_is_cut_and_run_again(tiny_checkpoint, tmp_path, tear):
+    args = ["speed", "--target", str(tiny_checkpoint), "--draft", str(tiny_checkpoint), "--dtype", "float32",
+            "--data", "sample", "--limit", "2", "--max-new-tokens", "6", "--methods", "hf_vanilla,sd",
+            "--out", str(tmp_path)]
+    assert main(args) == 0
+    path = tmp_path / "rows.jsonl"
+    lines = path.read_text().splitlines()
+    # killed mid-write: the last row complete without its newline, or cut off halfway
+    path.write_text("\n".join(lines) if tear == "newline" else "\n".join(lines[:-1]) + "\n" + lines[-1][:30])
+    assert main(args) == 0
+    keys = [(json.loads(line)["id"], json.loads(line)["method"]) for line in path.read_text().splitlines()]
+    assert len(keys) == len(set(keys)) == 4 and path.read_text().endswith("\n")
+
+
+def test_rows_of_earlier_names_are_read_by_the_registrys_names():
+    from evals.rows import read_row_file
+    from evals.speed import LEGACY, summarise
+
+    committed = json.loads((REPO / "results/speed-drafters/summary.json").read_text())["summary"]
+    rows = read_row_file(REPO / "results/speed-drafters/rows.jsonl")
+    assert {r["method"] for r in rows} <= set(LEGACY) | {"hf_pld"}  # written before the registry's names
+    renamed = summarise(rows, [LEGACY.get(m, m) for m in committed])
+    assert list(renamed) == ["hf_vanilla", "hf_sd", "sd", "hf_sd_int8", "sd_int8", "sd_tree_int8", "sd_adaptive_int8",
+                             "hybrid_int8", "hf_pld", "pld"]
+    for old, s in committed.items():
+        new = renamed[LEGACY.get(old, old)]
+        assert new["tok_s_median"] == s["tok_s_median"] and new["identical_to_target"] == s["identical_to_target"]
+        assert [v for k, v in new.items() if k.startswith("speedup_vs")] == [
+            v for k, v in s.items() if k.startswith("speedup_vs")]
+
+
+def test_the_methods_are_the_registrys_presets_beside_their_transformers_counterparts():
+    from evals.speed import METHODS, transformers_counterpart
+    from evals.timing import timed_method
+
+    assert transformers_counterpart("sd_tree_int8") == "hf_sd_int8" and transformers_counterpart("hybrid") == "hf_sd"
+    assert transformers_counterpart("pld") == "hf_pld" and transformers_counterpart("vanilla") == "hf_vanilla"
+    assert all(transformers_counterpart(m) in METHODS for m in METHODS if not m.startswith("hf_"))
+    tree = timed_method("sd_tree_int8", k=3)
+    assert tree.method == replace(get_method("sd_tree"), k=3) and tree.draft == "int8"
+    assert timed_method("pld", k=3, lookup=7).method.k == 7 and timed_method("sd").method == get_method("sd")
+    for bad, message in (("hf_sd_tree", "unknown method"), ("pld_int8", "only a preset that drafts"),
+                         ("rest", "drafts from a datastore")):
+        with pytest.raises(ValueError, match=message):
+            timed_method(bad)

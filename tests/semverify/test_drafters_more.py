@@ -85,7 +85,7 @@ def test_hybrid_drafts_by_lookup_when_the_text_repeats_and_by_the_model_otherwis
 
 
 def test_new_methods_are_presets():
-    from semverify.registry import get_method
+    from semverify.methods import get_method
 
     assert get_method("sd_tree").drafter == "model_tree" and get_method("sd_tree").rule == "speculative"
     assert get_method("sd_adaptive").drafter_params == {"adaptive": True} and get_method("hybrid").drafter == "hybrid"

@@ -3,7 +3,7 @@
 import pytest
 
 from semverify import get_rule
-from semverify.registry import parse_method
+from semverify.methods import parse_method
 
 
 @pytest.mark.parametrize("spec, message", [
