@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from semverify.cost import cost_at
 from semverify.methods import Method
 from semverify.models import load_tokenizer
 from semverify.registry import DraftResources, make_drafter
@@ -27,7 +28,6 @@ from semverify.sense import Datastore
 from semverify.tree import leaf_paths
 
 from .benchmarks import get_benchmark
-from .forward_cost import cost_at
 from .rows import read_rows
 
 

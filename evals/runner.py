@@ -11,7 +11,6 @@ benchmark's problems, the tokenizer, each method's rule) before any model loads,
 from __future__ import annotations
 
 import os
-import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,9 @@ import torch
 from tqdm import tqdm
 
 from semverify import NoDrafter, SpecGenerateOutput, generate, load_model
+from semverify.clock import device_clock
 from semverify.coupling import CoupledNoise, mix
+from semverify.machine import machine
 from semverify.methods import Method, load_method_rules
 from semverify.models import ModelLoadError, load_tokenizer
 from semverify.registry import DraftResources, drafter_kind, make_drafter
@@ -28,7 +29,6 @@ from semverify.rules import BaseRule
 from semverify.sense import Datastore
 
 from .benchmarks import Benchmark, Problem, get_benchmark
-from .env import machine
 from .provenance import RunSettings, pins, prepare_run
 from .rows import RowWriter, read_rows, row_key
 
@@ -37,7 +37,8 @@ from .rows import RowWriter, read_rows, row_key
 class CheckedRun:
     """A run checked and built once, before any model loads, and handed to `compare`: its settings
     and methods, the benchmark and its problems, the target's tokenizer (None when it does not load: loading
-    the target then says why) and each method's rule."""
+    the target then says why), each method's rule, and the device the models run on (not a setting: rows
+    record their machine, and rows of two machines never share a timing)."""
 
     settings: RunSettings
     methods: list[Method]
@@ -45,12 +46,13 @@ class CheckedRun:
     problems: list[Problem]
     tokenizer: Any
     rules: dict[str, BaseRule]
+    device: str = "cpu"
 
     @classmethod
     def build(cls, settings: RunSettings, methods: str | None, configs: list[str] | None = None,
-              only: str | None = None) -> "CheckedRun":
+              only: str | None = None, device: str = "cpu") -> "CheckedRun":
         """The run of ``settings`` with the methods of ``methods`` and ``configs`` (``only``: just those named),
-        every input error raised here."""
+        on ``device``, every input error raised here."""
         bench = get_benchmark(settings.benchmark)
         bench.check_template(settings.template)
         problems = bench.load(settings.data, settings.limit, offset=settings.offset or 0)
@@ -71,10 +73,14 @@ class CheckedRun:
         if storeless:
             raise ValueError(f"methods {', '.join(storeless)} draft by retrieval and need --datastore FILE "
                              "(build one with `semverify datastore`) or their own drafter.datastore=FILE")
+        int8 = [m.name for m in chosen if "draft_model_int8" in m.needs]
+        if int8 and torch.device(device).type != "cpu":
+            raise ValueError(f"methods {', '.join(int8)} draft with the int8 model, which runs on the CPU only; "
+                             "use --device cpu or their plain versions")
         for path in {m.datastore(settings.datastore) for m in chosen} - {None}:
             if not Path(path).is_file():
                 raise FileNotFoundError(f"datastore not found: {path}")
-        return cls(settings, chosen, bench, problems, tokenizer, {m.name: rule for m, rule in loaded})
+        return cls(settings, chosen, bench, problems, tokenizer, {m.name: rule for m, rule in loaded}, device)
 
 
 def shard_info() -> tuple[int, int]:
@@ -119,12 +125,13 @@ def problem_seed(settings: RunSettings, work: Work) -> int:
 
 def _run(run: CheckedRun, todo: list[tuple[Work, Method]], writer: RowWriter, rank: int, world: int) -> None:
     settings, bench, tokenizer = run.settings, run.benchmark, run.tokenizer
-    target, _ = load_model(settings.target, dtype=settings.dtype)
+    target, _ = load_model(settings.target, dtype=settings.dtype, device=run.device)
     needs = set().union(*(m.needs for m in run.methods))
     resources = DraftResources(
-        draft_model=load_model(settings.draft, dtype=settings.dtype)[0] if "draft_model" in needs else None,
+        draft_model=load_model(settings.draft, dtype=settings.dtype, device=run.device)[0]
+        if "draft_model" in needs else None,
         draft_model_int8=load_model(settings.draft, quantize="int8")[0] if "draft_model_int8" in needs else None,
-        tokenizer=tokenizer, eos_token_id=target.generation_config.eos_token_id)
+        target_model=target, tokenizer=tokenizer, eos_token_id=target.generation_config.eos_token_id)
     stores = {path: load_datastore(path, settings.target, target)
               for path in {m.datastore(settings.datastore) for m in run.methods} - {None}}
     live: dict[str, list] = {}
@@ -171,18 +178,20 @@ def run_batch(work: list[Work], method: Method, rule, settings: RunSettings, tar
     problems = [w.problem for w in work]
     texts = [bench.prompt(tokenizer, p, settings.template) for p in problems]
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    ids, mask = left_pad([tokenizer(t).input_ids for t in texts], pad)
+    ids, mask = (t.to(target.device) for t in left_pad([tokenizer(t).input_ids for t in texts], pad))
     width = ids.shape[1]
     seeds = [problem_seed(settings, w) for w in work]  # the same draws for every method on a problem
-    streams = [CoupledNoise(seed) if settings.coupled else torch.Generator().manual_seed(seed) for seed in seeds]
+    streams = [CoupledNoise(seed) if settings.coupled else torch.Generator(target.device).manual_seed(seed)
+               for seed in seeds]
     kwargs = dict(max_new_tokens=settings.max_new_tokens, do_sample=settings.do_sample,
                   generator=streams[0] if len(problems) == 1 else streams, tokenizer=tokenizer,
                   attention_mask=mask if len(problems) > 1 else None, pad_token_id=pad)
     if settings.do_sample:
         kwargs.update(temperature=settings.temperature, top_k=settings.top_k or 0, top_p=settings.top_p or 1.0)
-    started = time.perf_counter()
+    clock = device_clock(target.device)
+    started = clock()
     result = decode(method, rule, target, resources, ids, **kwargs)
-    wall = time.perf_counter() - started
+    wall = clock() - started
     row_stats = result.spec_stats.rows or [result.spec_stats]
     batch = ({"first": problems[0].id, "size": len(problems), "wall": wall, "tokens": result.spec_stats.new_tokens}
              if len(problems) > 1 else None)
@@ -229,7 +238,7 @@ def problem_row(problem: Problem, method: Method, seed: int, new: torch.LongTens
         "substitutions": [{"at": at, "reason": why, "kept": tokenizer.decode([kept]), "target": tokenizer.decode([own])}
                           for at, why, kept, own in stats.substitutions],
         "draft_time": stats.draft_time, "verify_time": stats.verify_time, "total_time": stats.total_time,
-        "tok_s": stats.tokens_per_second, "machine": machine(),
+        "tok_s": stats.tokens_per_second, "machine": machine(new.device),
     }
     if problem.meta:
         row["meta"] = problem.meta

@@ -14,14 +14,15 @@ from __future__ import annotations
 
 import json
 import statistics
-import time
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
+from semverify.machine import machine
+
 from .benchmarks import GSM8K
-from .env import environment, machine
+from .env import environment
 from .rows import RowWriter, read_row_file
 from .timing import Decoders, timed_method
 
@@ -138,21 +139,22 @@ def run_speed(args) -> str:
     out_dir = Path(args.out)
     rows_path = out_dir / "rows.jsonl"
     env = environment(target=args.target, draft=args.draft, dtype=args.dtype, max_new_tokens=args.max_new_tokens,
-                      k=args.k, pld_tokens=args.pld_tokens, limit=args.limit, prompt="chat zero-shot, Final Answer")
+                      k=args.k, pld_tokens=args.pld_tokens, limit=args.limit, prompt="chat zero-shot, Final Answer",
+                      device=args.device)
     with RowWriter(rows_path) as writer:  # locks the file and cuts a torn last line before the done-set is read
         done = {(r["id"], LEGACY.get(r["method"], r["method"])) for r in read_row_file(rows_path)}
-        run = Decoders(args.target, args.draft, args.dtype, methods)
+        run = Decoders(args.target, args.draft, args.dtype, methods, args.device)
         run.warm_up(methods, 8)
         todo = [(prob, m) for prob in problems for m in (methods if prob.id % 2 == 0 else methods[::-1])
                 if (prob.id, m.name) not in done]
         for prob, m in tqdm(todo, desc="speed", unit="run"):
             ids = run.tokenizer(GSM8K().prompt(run.tokenizer, prob), return_tensors="pt").input_ids
-            start = time.perf_counter()
+            start = run.clock()
             new, stats = run.decode(m, ids, args.max_new_tokens)
-            wall = time.perf_counter() - start
+            wall = run.clock() - start
             writer.write({"id": prob.id, "method": m.name, "new_tokens": new.shape[1], "wall_s": wall,
                           "tok_s": new.shape[1] / wall, "tokens": new[0].tolist(), "stats": stats,
-                          "machine": machine()})
+                          "machine": machine(run.device)})
 
     summary = summarise(read_row_file(rows_path), names)
     (out_dir / "summary.json").write_text(json.dumps({"environment": env, "summary": summary}, indent=2))

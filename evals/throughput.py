@@ -13,17 +13,17 @@ decoding spends that same headroom verifying drafts: the batch size where the tw
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
 
+from semverify.machine import machine
 from semverify.registry import drafter_kind
 from semverify.types import eos_ids
 
 from .benchmarks import GSM8K
-from .env import environment, machine
+from .env import environment
 from .rows import RowWriter, read_row_file
 from .runner import left_pad
 from .timing import Decoders, timed_method
@@ -60,7 +60,7 @@ def run_throughput(args) -> str:
     rows_path = out / "rows.jsonl"
     with RowWriter(rows_path) as writer:  # locks the file and cuts a torn last line before the done-set is read
         done = {(LEGACY.get(r["method"], r["method"]), r["batch_size"], r["first"]) for r in read_row_file(rows_path)}
-        run = Decoders(args.target, args.draft, args.dtype, methods)
+        run = Decoders(args.target, args.draft, args.dtype, methods, args.device)
         eos = set(eos_ids(run.target.generation_config.eos_token_id))
         prompts = [run.tokenizer(GSM8K().prompt(run.tokenizer, p)).input_ids for p in problems]
         run.warm_up(methods, 4)
@@ -68,13 +68,13 @@ def run_throughput(args) -> str:
                 for m in (methods if (first // b) % 2 == 0 else methods[::-1]) if (m.name, b, first) not in done]
         for b, first, m in tqdm(todo, desc="throughput", unit="batch"):
             ids, mask = left_pad(prompts[first : first + b], run.pad)
-            start = time.perf_counter()
+            start = run.clock()
             new, _ = run.decode(m, ids, args.max_new_tokens, mask)
-            wall = time.perf_counter() - start
+            wall = run.clock() - start
             writer.write({"method": m.name, "batch_size": b, "first": first, "tokens": real_tokens(new, eos),
-                          "wall_s": wall, "machine": machine()})
+                          "wall_s": wall, "machine": machine(run.device)})
     env = environment(target=args.target, draft=args.draft, dtype=args.dtype, max_new_tokens=args.max_new_tokens,
-                      k=args.k, prompts=len(prompts), batch_sizes=sizes)
+                      k=args.k, prompts=len(prompts), batch_sizes=sizes, device=args.device)
     summary = summarise(read_row_file(rows_path), names, sizes)
     (out / "summary.json").write_text(json.dumps({"environment": env, "summary": summary}, indent=2))
     text = markdown(summary, env)

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from semverify import load_model
+from semverify.clock import device_clock
 from semverify.methods import Method, available_methods, get_method
 from semverify.registry import DraftResources, RunContext, drafter_kind
 
@@ -67,15 +68,21 @@ class Decoders:
     """What a timing run decodes with, loaded and built once: the target and its tokenizer, the draft models
     the methods draft with, and each method's resources and rule (greedy)."""
 
-    def __init__(self, target: str, draft: str, dtype: str, methods: list[TimedMethod]) -> None:
-        self.target, self.tokenizer = load_model(target, dtype=dtype)
+    def __init__(self, target: str, draft: str, dtype: str, methods: list[TimedMethod], device: str = "cpu") -> None:
+        int8 = [m.name for m in methods if m.draft == "int8"]
+        if int8 and torch.device(device).type != "cpu":
+            raise ValueError(f"methods {', '.join(int8)} draft with the int8 model, which runs on the CPU only; "
+                             "use --device cpu")
+        self.target, self.tokenizer = load_model(target, dtype=dtype, device=device)
+        self.device, self.clock = self.target.device, device_clock(self.target.device)
         drafts: dict[str, Any] = {}
         if any(m.draft == "plain" for m in methods):
-            drafts["plain"] = load_model(draft, dtype=dtype)[0]
-        if any(m.draft == "int8" for m in methods):
+            drafts["plain"] = load_model(draft, dtype=dtype, device=device)[0]
+        if int8:
             drafts["int8"] = load_model(draft, quantize="int8")[0]
         eos = self.target.generation_config.eos_token_id
         self.resources = {m.name: DraftResources(draft_model=drafts.get(m.draft), draft_model_int8=drafts.get("int8"),
+                                                 target_model=self.target,
                                                  tokenizer=self.tokenizer, eos_token_id=eos) for m in methods}
         context = RunContext.for_decoding(draft, target, False, None, self.tokenizer)
         self.rules = {m.name: m.method.build_rule(context) for m in methods if not m.hf}
@@ -86,8 +93,9 @@ class Decoders:
         """The new tokens of ``ids`` (a left-padded batch with its ``mask``) with ``m``, and semverify's
         statistics of the call (None for transformers')."""
         common = dict(max_new_tokens=max_new_tokens, do_sample=False)
+        ids = ids.to(self.device)
         if mask is not None:  # pad only a batch: transformers masks a prompt's pad-id tokens when no mask is given
-            common.update(attention_mask=mask, pad_token_id=self.pad)
+            common.update(attention_mask=mask.to(self.device), pad_token_id=self.pad)
         own = self.resources[m.name]
         if m.hf:
             extra = ({"prompt_lookup_num_tokens": m.method.k} if m.method.drafter == "prompt_lookup"

@@ -48,9 +48,9 @@ class RowCache:
     """
 
     def __init__(self, model: PreTrainedModel, batch_size: int, role: str = "model") -> None:
-        self.cache = new_cache(model, role)
-        self.valid = torch.zeros(batch_size, 0, dtype=torch.bool)
-        self.next_position = torch.zeros(batch_size, dtype=torch.long)
+        self.cache, self.device = new_cache(model, role), model.device  # bookkeeping lives beside the cache
+        self.valid = torch.zeros(batch_size, 0, dtype=torch.bool, device=self.device)
+        self.next_position = torch.zeros(batch_size, dtype=torch.long, device=self.device)
 
     @property
     def length(self) -> int:
@@ -59,8 +59,8 @@ class RowCache:
     def inputs(self, tokens: torch.LongTensor, token_valid: torch.BoolTensor | None = None) -> dict:
         """Forward arguments for new columns ``tokens`` [B, W] (``token_valid``: which of them are real):
         the ids, the cache, and, when any column is masked, the 2-D mask and per-row positions."""
-        if token_valid is None:
-            token_valid = torch.ones_like(tokens, dtype=torch.bool)
+        tokens = tokens.to(self.device)
+        token_valid = torch.ones_like(tokens, dtype=torch.bool) if token_valid is None else token_valid.to(self.device)
         inputs = {"input_ids": tokens, "cache": self.cache, "use_cache": True}
         if not (bool(self.valid.all()) and bool(token_valid.all())):
             inputs["attention_mask"] = torch.cat([self.valid, token_valid], dim=1).long()
@@ -69,13 +69,14 @@ class RowCache:
 
     def extend(self, token_valid: torch.BoolTensor) -> None:
         """Record the columns a forward just added to the cache."""
+        token_valid = token_valid.to(self.device)
         self.valid = torch.cat([self.valid, token_valid], dim=1)
         self.next_position += token_valid.sum(-1)
 
     def keep(self, kept: torch.BoolTensor) -> None:
         """Of the last ``kept.shape[1]`` columns, keep in each row those ``kept`` marks (and that were
         valid); the others become holes. Then crop and pack."""
-        width = kept.shape[1]
+        width, kept = kept.shape[1], kept.to(self.device)
         recent = self.valid[:, self.length - width :]
         self.next_position -= (recent & ~kept).sum(-1)
         self.valid[:, self.length - width :] = recent & kept
@@ -89,11 +90,12 @@ class RowCache:
         """Move each row's valid columns to the right end, holes to the left; drop all-hole columns."""
         count = self.valid.sum(-1)
         width = int(count.max()) if len(count) else 0
-        slot = torch.arange(width)[None, :] >= (width - count)[:, None]  # where each row's tokens go
+        # where each row's tokens go
+        slot = torch.arange(width, device=self.device)[None, :] >= (width - count)[:, None]
         # gather index: for every target slot, the source column (holes take column 0, masked anyway)
         order = torch.argsort((~self.valid).long(), dim=1, stable=True)[:, :width]  # valid columns first, in order
-        source = torch.zeros(len(count), width, dtype=torch.long)
-        source[slot] = order[torch.arange(width)[None, :] < count[:, None]]
+        source = torch.zeros(len(count), width, dtype=torch.long, device=self.device)
+        source[slot] = order[torch.arange(width, device=self.device)[None, :] < count[:, None]]
         for layer in self.cache.layers:
             index = source[:, None, :, None].to(layer.keys.device)
             layer.keys = layer.keys.gather(2, index.expand(-1, layer.keys.shape[1], -1, layer.keys.shape[3]))
@@ -102,6 +104,7 @@ class RowCache:
 
     def select(self, rows: torch.LongTensor) -> None:
         """Keep only ``rows`` of the batch (finished rows stop costing work)."""
+        rows = rows.to(self.device)
         self.cache.batch_select_indices(rows)
         self.valid, self.next_position = self.valid[rows], self.next_position[rows]
         if len(rows) and not bool(self.valid[:, 0].any()):

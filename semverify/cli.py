@@ -34,6 +34,7 @@ def _configure_generate(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-p", type=float, default=None)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dtype", default="bfloat16", help="bfloat16 (fast) or float32 (exact)")
+    p.add_argument("--device", default="cpu", help="where the models run: cpu (default), cuda, cuda:N or mps")
     p.add_argument("--raw", action="store_true", help="feed the prompt as is, without the chat template")
     p.add_argument("--json", action="store_true", help="print the statistics as JSON")
 
@@ -49,14 +50,14 @@ def _generate(args: argparse.Namespace) -> int:
     context = RunContext.for_decoding(args.draft, args.target, args.do_sample, args.temperature, tokenizer)
     rule = get_rule(args.rule, context, **dict(args.rule_param))  # a bad rule fails before the models load
     torch.manual_seed(args.seed)
-    target, tokenizer = load_model(args.target, dtype=args.dtype)
-    draft = load_model(args.draft, dtype=args.dtype)[0] if args.draft else None
+    target, tokenizer = load_model(args.target, dtype=args.dtype, device=args.device)
+    draft = load_model(args.draft, dtype=args.dtype, device=args.device)[0] if args.draft else None
     if args.raw or not tokenizer.chat_template:
         text = args.prompt
     else:
         text = tokenizer.apply_chat_template([{"role": "user", "content": args.prompt}], tokenize=False,
                                              add_generation_prompt=True)
-    input_ids = tokenizer(text, return_tensors="pt").input_ids
+    input_ids = tokenizer(text, return_tensors="pt").input_ids.to(target.device)
     sampling = {k: v for k, v in (("temperature", args.temperature), ("top_k", args.top_k),
                                   ("top_p", args.top_p)) if v is not None}
     out = generate(

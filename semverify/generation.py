@@ -22,6 +22,7 @@ from .stats import SpecStats
 from .types import eos_ids
 
 DEFAULT_NUM_DRAFT_TOKENS = 5
+PLANNED_MAX = 8  # num_assistant_tokens="auto": the planner chooses 0..8 draft tokens a step
 
 
 @dataclass
@@ -38,7 +39,7 @@ def generate(
     rule: str | BaseRule = "speculative",
     assistant_model: PreTrainedModel | None = None,
     drafter: Drafter | None = None,
-    num_assistant_tokens: int | None = None,
+    num_assistant_tokens: int | str | None = None,
     prompt_lookup_num_tokens: int | None = None,
     generation_config: GenerationConfig | None = None,
     streamer=None,
@@ -60,7 +61,9 @@ def generate(
     set, a custom ``drafter``, or none (one target token per step). ``num_assistant_tokens`` (argument
     or config field) is the draft length k (default 5; a step rule's step cap 128);
     ``num_assistant_tokens_schedule="heuristic"`` adapts it per call (+2 after a fully accepted draft,
-    -1 otherwise; transformers keeps it across calls).
+    -1 otherwise; transformers keeps it across calls); ``num_assistant_tokens="auto"`` plans it each step,
+    0 to 8 tokens, for the most expected tokens per second from this machine's forward costs (measured once
+    and cached; see `semverify.planner`), so a draft model that does not pay is not used.
 
     Sampling settings, ``max_new_tokens`` and ``eos_token_id`` come from ``kwargs`` and
     ``generation_config`` as in transformers, and so do the logits processors it builds
@@ -142,6 +145,12 @@ def _pick_drafter(model, rule, assistant_model, drafter, num_assistant_tokens, p
               ("prompt_lookup_num_tokens", prompt_lookup_num_tokens)) if v is not None]
     if len(chosen) > 1:
         raise ValueError(f"pass only one way to draft, got {' and '.join(chosen)}")
+    planned = num_assistant_tokens == "auto"
+    if planned:
+        if assistant_model is None or rule.preferred_drafter != "model":
+            raise ValueError('num_assistant_tokens="auto" plans a draft model\'s length: pass assistant_model= '
+                             "with a token rule")
+        num_assistant_tokens = PLANNED_MAX
     for name, value in (("num_assistant_tokens", num_assistant_tokens), ("prompt_lookup_num_tokens",
                                                                          prompt_lookup_num_tokens)):
         if value is not None and value < 1:
@@ -156,13 +165,16 @@ def _pick_drafter(model, rule, assistant_model, drafter, num_assistant_tokens, p
          or (DEFAULT_NUM_DRAFT_TOKENS if drafter is not None else drafter_kind(kind).default_k))
     if drafter is not None:
         return drafter, k
-    resources = DraftResources(draft_model=assistant_model, tokenizer=tokenizer, eos_token_id=config.eos_token_id,
+    resources = DraftResources(draft_model=assistant_model, target_model=model, tokenizer=tokenizer,
+                               eos_token_id=config.eos_token_id,
                                confidence_threshold=setting(config, "assistant_confidence_threshold"),
                                max_matching_ngram_size=setting(config, "max_matching_ngram_size"))
     schedule = config.num_assistant_tokens_schedule or "constant"
     if schedule not in ("constant", "heuristic", "heuristic_transient"):
         raise ValueError(f"num_assistant_tokens_schedule must be constant, heuristic or heuristic_transient, got "
                          f"{schedule!r}")
+    if planned:
+        return make_drafter(kind, resources, k, plan=True), k
     adaptive = {"adaptive": True, "start": k} if schedule != "constant" and kind == "model" else {}
     if adaptive:  # transformers' heuristic grows the draft length without a bound; here up to 4 x the start
         k = 4 * k

@@ -65,7 +65,7 @@ class Rows:
         return [min(k, max_new_tokens - len(new) - 1) for new in self.new]
 
     def sequences(self) -> list[torch.LongTensor]:
-        return [torch.cat([p, torch.tensor(new, dtype=torch.long)]) for p, new in zip(self.prompts, self.new)]
+        return [torch.cat([p, p.new_tensor(new)]) for p, new in zip(self.prompts, self.new)]
 
     def generators(self) -> list:
         """Each row's stream (coupled noise at the row's next output position)."""
@@ -148,7 +148,7 @@ def speculative_generate(
                                   cache.cache, drafter, draft, verdict))
             going = [i for i, e in enumerate(emitted) if not e.ended and len(rows.new[i]) < max_new_tokens]
             if len(going) < len(rows):  # 4. finished rows leave the batch
-                cache.select(torch.tensor(going, dtype=torch.long))
+                cache.select(torch.tensor(going, dtype=torch.long, device=input_ids.device))
                 drafts.keep_rows(going)
                 rows.keep(going)
             sampler, pending = sampler.rows(going), verdict.next_token[going, None]
@@ -297,7 +297,7 @@ def _check_draft(draft: Draft, ks: list[int], rule: BaseRule, sampler: Sampler) 
         deepest = int(depths(draft.parents).max()) if draft.length else 0
         if deepest > k:
             raise ValueError(f"the drafter proposed a tree {deepest} tokens deep, deeper than the {k} asked for")
-    elif draft.length > k or (draft.lengths is not None and bool((draft.lengths > torch.tensor(ks)).any())):
+    elif draft.length > k or (draft.lengths is not None and bool((draft.lengths > draft.lengths.new_tensor(ks)).any())):
         raise ValueError(f"the drafter proposed {draft.length} tokens, more than the {k} asked for")
     if rule.needs_draft_probs and draft.length and draft.probs is None:
         raise ValueError(f"acceptance rule {rule.name!r} needs draft probabilities; this draft has none")

@@ -212,6 +212,7 @@ for _preset in (
     Method("typical", "model", "typical"),
     Method("sd_tree", "model_tree", "speculative", k=8),  # draft-model trees (sampled: sibling by sibling)
     Method("sd_adaptive", "model", drafter_params={"adaptive": True}, k=10),
+    Method("sd_auto", "model", drafter_params={"plan": True}, k=8),  # draft length planned from forward costs
     Method("hybrid", "hybrid"),  # prompt lookup, the draft model on a miss
 ):
     register_method(_preset)

@@ -21,6 +21,7 @@ from .drafters import (
     NoDrafter,
     PromptLookupDrafter,
 )
+from .planner import planner_for
 from .rules import BaseRule, GreedyMatch, SpeculativeSampling, TypicalAcceptance
 
 
@@ -120,6 +121,7 @@ class DraftResources:
 
     draft_model: Any = None
     draft_model_int8: Any = None
+    target_model: Any = None  # the model that verifies (a draft planner reads its forward costs)
     tokenizer: Any = None
     datastore: Any = None
     eos_token_id: int | list[int] | None = None
@@ -192,13 +194,22 @@ def make_drafter(name: str, resources: DraftResources, k: int, **settings) -> Dr
 # temperature); dropped when such a record is read, since they now come from the run context
 # -- the core entries ---------------------------------------------------------------------------------
 
-def _model_drafter(resources: DraftResources, k: int, **settings) -> ModelDrafter:
-    return ModelDrafter(resources.draft_model, resources.confidence_threshold, resources.eos_token_id, **settings)
+def _model_drafter(resources: DraftResources, k: int, plan: bool = False, **settings) -> ModelDrafter:
+    return _drafting_with(resources.draft_model, resources, k, plan, settings)
 
 
-def _int8_model_drafter(resources: DraftResources, k: int, **settings) -> ModelDrafter:
-    return ModelDrafter(resources.draft_model_int8, resources.confidence_threshold, resources.eos_token_id,
-                        **settings)
+def _int8_model_drafter(resources: DraftResources, k: int, plan: bool = False, **settings) -> ModelDrafter:
+    return _drafting_with(resources.draft_model_int8, resources, k, plan, settings)
+
+
+def _drafting_with(model, resources: DraftResources, k: int, plan: bool, settings: dict) -> ModelDrafter:
+    """A model drafter on ``model``; ``plan``: its draft length planned per step (up to k) from this machine's
+    forward costs of the target and ``model``."""
+    if plan:
+        if resources.target_model is None:
+            raise ValueError("drafter.plan needs the target model among the draft resources")
+        settings = {**settings, "planner": planner_for(resources.target_model, model, k)}
+    return ModelDrafter(model, resources.confidence_threshold, resources.eos_token_id, **settings)
 
 
 def _model_tree_drafter(resources: DraftResources, k: int, **settings) -> ModelTreeDrafter:
@@ -217,7 +228,7 @@ register_rule("greedy", GreedyMatch)
 register_rule("speculative", SpeculativeSampling)
 register_rule("typical", TypicalAcceptance)
 register_drafter(DrafterKind("none", lambda resources, k: NoDrafter(), NoDrafter))
-_ADAPTIVE = ("entropy_stop", "adaptive", "start")  # a model drafter's own settings (drafter.NAME=...)
+_ADAPTIVE = ("entropy_stop", "adaptive", "start", "plan")  # a model drafter's own settings (drafter.NAME=...)
 register_drafter(DrafterKind("model", _model_drafter, ModelDrafter, needs=("draft_model",), settings=_ADAPTIVE))
 register_drafter(DrafterKind("model_int8", _int8_model_drafter, ModelDrafter, needs=("draft_model_int8",),
                              settings=_ADAPTIVE))

@@ -40,7 +40,7 @@ class Draft:
             )
         if self.parents is not None:
             n = self.tokens.shape[1]
-            if self.parents.shape != (n,) or bool((self.parents >= torch.arange(n)).any()):
+            if self.parents.shape != (n,) or bool((self.parents >= torch.arange(n, device=self.parents.device)).any()):
                 raise ValueError("Draft.parents must be [n] with parents[i] < i (-1 for a root child)")
 
     @property

@@ -33,7 +33,8 @@ def verify_rows(rule: BaseRule, x: VerifyInput) -> tuple[list[list[int]], Verdic
         return [list(range(x.k))], rule(x)
     k = x.k
     lengths = x.draft.lengths.tolist() if x.draft.lengths is not None else [k] * batch
-    n, token = torch.zeros(batch, dtype=torch.long), torch.zeros(batch, dtype=torch.long)
+    device = x.target_logits.device
+    n, token = torch.zeros(batch, dtype=torch.long, device=device), torch.zeros(batch, dtype=torch.long, device=device)
     reasons: dict[str, torch.Tensor] = {}
     scores: dict[str, torch.Tensor] = {}
     target_tokens = None
@@ -41,12 +42,12 @@ def verify_rows(rule: BaseRule, x: VerifyInput) -> tuple[list[list[int]], Verdic
         part = rule(_row_input(x, row, length))
         n[row], token[row] = part.n_accepted[0], part.next_token[0]
         for name, mask in part.reasons.items():
-            reasons.setdefault(name, torch.zeros(batch, k, dtype=torch.bool))[row, :length] = mask[0]
+            reasons.setdefault(name, torch.zeros(batch, k, dtype=torch.bool, device=device))[row, :length] = mask[0]
         for name, value in part.scores.items():
-            scores.setdefault(name, torch.full((batch,), float("nan")))[row] = float(value[0])
+            scores.setdefault(name, torch.full((batch,), float("nan"), device=device))[row] = float(value[0])
         if part.target_tokens is not None:
             if target_tokens is None:
-                target_tokens = torch.full((batch, k), -1, dtype=torch.long)
+                target_tokens = torch.full((batch, k), -1, dtype=torch.long, device=device)
             target_tokens[row, :length] = part.target_tokens[0]
     return [list(range(length)) for length in lengths], Verdict(n, token, reasons, scores, target_tokens)
 

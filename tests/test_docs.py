@@ -381,3 +381,14 @@ def test_docstrings_are_markdown_without_sphinx_roles() -> None:
     found = [f"{p.relative_to(ROOT)}: {role}" for p in sources for role in sphinx_roles(p.read_text())]
     assert found == []
     assert sphinx_roles("see :class:`Method` and :func:`load_methods`") == [":class:`", ":func:`"]
+
+
+def test_the_gpu_check_script_runs_real_commands_and_flags() -> None:
+    """scripts/gpu-check.sh runs on lent GPUs only, so its commands are checked here, like the docs' ones."""
+    script = (ROOT / "scripts" / "gpu-check.sh").read_text().replace('"${semverify[@]}"', "semverify")
+    before, _, rest = script.partition("<<'EOF'")
+    text = before + rest.partition("\nEOF\n")[2]  # without the embedded Python
+    block = Block(ROOT / "scripts" / "gpu-check.sh", 1, "bash", text)
+    commands = [c for line in logical_lines(block) for c in simple_commands(line)]
+    assert {c[1] for c in commands if c[0] == "semverify"} == {"compare", "speed", "throughput"}
+    assert shell_problems(block) == []

@@ -33,6 +33,12 @@ def add_models(p: argparse.ArgumentParser, draft: bool = True, dtype: str = "bfl
     p.add_argument("--dtype", default=dtype, help="bfloat16, float32, ...")
 
 
+def add_device(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--device", default="cpu",
+                   help="where the models run: cpu (default), cuda, cuda:N or mps (an int8 draft stays on the CPU, "
+                        "so *_int8 methods need --device cpu)")
+
+
 def add_train_data(p: argparse.ArgumentParser, limit: int, what: str) -> None:
     p.add_argument("--data", default="auto",
                    help="GSM8K train jsonl path, 'auto' (the train split shipped with semverify) or 'hub'")
@@ -49,6 +55,7 @@ def train_examples(args: argparse.Namespace, tokenizer) -> list[tuple[str, str]]
 def add_run_args(p: argparse.ArgumentParser, limit: int) -> None:
     """The arguments of a compare run: models, problems, decoding, datastore and the run folder."""
     add_models(p)
+    add_device(p)
     p.add_argument("--benchmark", default="gsm8k", help="gsm8k, math500 or humaneval")
     p.add_argument("--data", default="auto", help="'auto' (the shipped dev problems), 'sample', a jsonl path or 'hub'")
     p.add_argument("--template", default="chat", help="chat (zero-shot) or fewshot (GSM8K only)")
@@ -98,4 +105,4 @@ def checked_run(args: argparse.Namespace, methods: str | None, configs: list[str
         raise ValueError("--samples draws several outputs per problem; add --do-sample (greedy outputs repeat)")
     if args.coupled and not args.do_sample:
         raise ValueError("--coupled couples sampled runs; add --do-sample (greedy runs are paired already)")
-    return CheckedRun.build(settings, methods, configs, only)
+    return CheckedRun.build(settings, methods, configs, only, device=args.device)

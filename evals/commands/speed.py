@@ -8,11 +8,12 @@ from evals.speed import METHODS, run_speed
 from evals.timing import HF_METHODS
 from semverify.commands import Command, positive_int
 
-from .common import add_models, printed
+from .common import add_device, add_models, printed
 
 
 def configure(p: argparse.ArgumentParser) -> None:
     add_models(p)
+    add_device(p)
     p.add_argument("--data", default="auto", help="'auto' (the shipped dev problems), 'sample', a jsonl path or 'hub'")
     p.add_argument("--limit", type=positive_int, default=10)
     p.add_argument("--max-new-tokens", type=positive_int, default=128)

@@ -7,11 +7,12 @@ import argparse
 from evals.throughput import METHODS, run_throughput
 from semverify.commands import Command, positive_int
 
-from .common import add_models, printed
+from .common import add_device, add_models, printed
 
 
 def configure(p: argparse.ArgumentParser) -> None:
     add_models(p)
+    add_device(p)
     p.add_argument("--data", default="auto", help="'auto' (the shipped dev problems), 'sample', a jsonl path or 'hub'")
     p.add_argument("--prompts", type=positive_int, default=8, help="prompts, a multiple of the largest batch size")
     p.add_argument("--batch-sizes", default="1,2,4,8")

@@ -154,15 +154,15 @@ def row_drafter(drafter: Drafter, batch: int) -> RowDrafter:
 
 def pad_drafts(drafts: list[Draft]) -> Draft:
     """One chain draft [B, max length] from one-row chain drafts, with each row's length."""
-    width = max(d.length for d in drafts)
-    tokens = torch.zeros(len(drafts), width, dtype=torch.long)
+    width, device = max(d.length for d in drafts), drafts[0].tokens.device
+    tokens = torch.zeros(len(drafts), width, dtype=torch.long, device=device)
     for row, d in enumerate(drafts):
         tokens[row, : d.length] = d.tokens[0]
     probs = None
     if width and all(d.probs is not None or d.length == 0 for d in drafts):
         vocab = next(d.probs.shape[-1] for d in drafts if d.probs is not None)
-        probs = torch.zeros(len(drafts), width, vocab)
+        probs = torch.zeros(len(drafts), width, vocab, device=device)
         for row, d in enumerate(drafts):
             if d.length:
                 probs[row, : d.length] = d.probs[0]
-    return Draft(tokens, probs, lengths=torch.tensor([d.length for d in drafts]))
+    return Draft(tokens, probs, lengths=torch.tensor([d.length for d in drafts], device=device))

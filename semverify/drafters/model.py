@@ -9,6 +9,7 @@ import torch
 from transformers import PreTrainedModel
 
 from ..cache import RowCache
+from ..planner import DraftPlanner
 from ..rules import entropy
 from ..sampling import Sampler, sample_from
 from ..types import Draft, StepOutcome, eos_ids
@@ -22,7 +23,9 @@ class ModelDrafter(BaseDrafter):
     (transformers' ``assistant_confidence_threshold`` idea): unlikely tokens waste draft forwards;
     ``entropy_stop`` does the same once the draft's entropy (nats) exceeds it. ``adaptive`` learns each
     row's draft length from the feedback hook, as transformers' "heuristic" schedule: from ``start``,
-    two more after a step that accepted every draft token, one fewer otherwise (at most the loop's k).
+    two more after a step that accepted every draft token, one fewer otherwise (at most the loop's k);
+    ``planner`` (a `DraftPlanner`) instead picks each step's length, 0 included, for the most expected
+    tokens per second from this machine's forward costs and the acceptance so far.
     A draft also ends at an end-of-sequence token (``eos_token_id``, by default the draft model's
     generation config): nothing after it would ever be emitted. Rows of a batch draft together, each
     with its own length and random stream, so every row drafts what it would draft alone.
@@ -34,14 +37,16 @@ class ModelDrafter(BaseDrafter):
 
     def __init__(self, model: PreTrainedModel, confidence_threshold: float | None = None,
                  eos_token_id: int | list[int] | None = None, entropy_stop: float | None = None,
-                 adaptive: bool = False, start: int = 5) -> None:
+                 adaptive: bool = False, start: int = 5, planner: DraftPlanner | None = None) -> None:
         if confidence_threshold is not None and not 0.0 <= confidence_threshold < 1.0:
             raise ValueError(f"confidence_threshold must be in [0, 1), got {confidence_threshold}")
         if entropy_stop is not None and entropy_stop < 0 or start < 1:
             raise ValueError("entropy_stop must be >= 0 (nats) and start >= 1")
         self.model = model
         self.confidence_threshold, self.entropy_stop = confidence_threshold, entropy_stop
-        self.adaptive, self.start = adaptive, start
+        if adaptive and planner is not None:
+            raise ValueError("use adaptive or a planner, not both")
+        self.adaptive, self.start, self.planner = adaptive, start, planner
         self.lengths: list[int] = []  # with adaptive: each row's draft length now
         if eos_token_id is None:
             eos_token_id = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
@@ -73,7 +78,7 @@ class ModelDrafter(BaseDrafter):
         """Up to k tokens after ``input_ids`` [1, T], and with ``keep_hidden`` the last-layer hidden states
         [1, n, H] of the positions that emitted them (else None); ``stop(tokens)`` ends the draft early."""
         draft, hidden = self.draft_rows([input_ids[0]], [k], sampler, [generator], stop, keep_hidden)
-        n = int(draft.lengths[0])
+        n = draft.length if draft.lengths is None else int(draft.lengths[0])
         if n == 0:
             return Draft.empty(1, input_ids.device), None
         return Draft(draft.tokens[:, :n], draft.probs[:, :n]), None if hidden is None else hidden[:, :n]
@@ -90,14 +95,21 @@ class ModelDrafter(BaseDrafter):
         token for all rows still drafting. Returns the padded draft with its ``lengths`` (and hidden states)."""
         if self.adaptive:
             ks = [min(k, length) for k, length in zip(ks, self.lengths)]
+        elif self.planner is not None:  # one length for the batch, planned from the pooled acceptance
+            planned = self.planner.choose()
+            ks = [min(k, planned) for k in ks]
         batch, most = len(sequences), max(ks)
+        if most == 0:  # plain decoding this step; the cache catches up at the next draft
+            self._added = []
+            return Draft.empty(batch, sequences[0].device), None
         pending = [seq[fed:] for seq, fed in zip(sequences, self.fed)]  # tokens the cache has not seen
         width = max(len(p) for p in pending)
-        feed = torch.zeros(batch, width, dtype=torch.long)
-        valid = torch.zeros(batch, width, dtype=torch.bool)
+        device = self.model.device
+        feed = torch.zeros(batch, width, dtype=torch.long, device=device)
+        valid = torch.zeros(batch, width, dtype=torch.bool, device=device)
         for row, p in enumerate(pending):  # right-aligned: the last column is every row's newest token
             feed[row, width - len(p) :], valid[row, width - len(p) :] = p, True
-        tokens = torch.zeros(batch, most, dtype=torch.long)
+        tokens = torch.zeros(batch, most, dtype=torch.long, device=device)
         probs, hidden, lengths = [], [], [0] * batch
         drafting = [k > 0 for k in ks]
         self._added = []
@@ -125,10 +137,11 @@ class ModelDrafter(BaseDrafter):
                                      or (self.confidence_threshold is not None
                                          and float(q[row].max()) < self.confidence_threshold)
                                      or (self.entropy_stop is not None and float(entropy(q[row])) > self.entropy_stop))
-            feed, valid = tokens[:, j : j + 1], torch.tensor(drafting)[:, None]  # only rows that draft on
+            # only rows that draft on
+            feed, valid = tokens[:, j : j + 1], torch.tensor(drafting, device=device)[:, None]
         n = max(lengths)
         draft_probs = torch.stack(probs, dim=1)[:, :n] if probs else None
-        return (Draft(tokens[:, :n], draft_probs, lengths=torch.tensor(lengths)),
+        return (Draft(tokens[:, :n], draft_probs, lengths=torch.tensor(lengths, device=device)),
                 torch.stack(hidden, dim=1)[:, :n] if keep_hidden and hidden else None)
 
     def commit(self, n_accepted: int, next_token: torch.LongTensor, target_hidden=None) -> None:
@@ -139,7 +152,7 @@ class ModelDrafter(BaseDrafter):
         Column 0 of the last draft held the pending tokens, column j the draft token j-1 of rows still drafting."""
         if not self._added:
             return
-        kept = [self._added[0]] + [valid & torch.tensor([[j - 1 < n] for n in accepted])
+        kept = [self._added[0]] + [valid & torch.tensor([[j - 1 < n] for n in accepted], device=valid.device)
                                    for j, valid in enumerate(self._added[1:], start=1)]
         kept = torch.cat(kept, dim=1)
         self.fed = [fed + int(k.sum()) for fed, k in zip(self.fed, kept)]
@@ -147,7 +160,12 @@ class ModelDrafter(BaseDrafter):
         self._added = []
 
     def feedback_rows(self, outcomes: list[StepOutcome]) -> None:
-        """Adaptive lengths: +2 after a fully accepted draft, -1 otherwise (never below 1)."""
+        """Adaptive lengths: +2 after a fully accepted draft, -1 otherwise (never below 1); a planner counts
+        the acceptance of every draft."""
+        if self.planner is not None:
+            for o in outcomes:
+                if o.drafted:
+                    self.planner.update(o.drafted, o.accepted)
         if self.adaptive:
             self.lengths = [length + 2 if o.drafted and o.accepted == o.drafted else max(1, length - 1)
                             for length, o in zip(self.lengths, outcomes)]

@@ -100,5 +100,6 @@ class SpecReason(StepRule):
             score = (digit_probs * torch.arange(10, device=logits.device)).sum(-1)
         else:
             top = logits.argmax(-1)
-            score = torch.where(top[:, None] == self.digits, torch.arange(10.0), 0.0).sum(-1)
+            digits = self.digits.to(top.device)
+            score = torch.where(top[:, None] == digits, torch.arange(10.0, device=top.device), 0.0).sum(-1)
         return score >= self.threshold, {"judge_score": score}

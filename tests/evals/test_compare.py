@@ -11,11 +11,11 @@ import time
 import pytest
 
 from evals.benchmarks import get_benchmark
-from evals.env import machine
 from evals.report import report
 from evals.rows import RowWriter, read_rows
 from evals.summary import machine_timing, mcnemar, summarise, wilson
 from semverify.cli import main
+from semverify.machine import machine
 from semverify.methods import Method, get_method, load_methods, parse_method
 from tests.helpers import REPO, byte_tokenizer, run_row, tiny_model
 

@@ -7,8 +7,8 @@ import json
 import pytest
 import torch
 
-from evals.forward_cost import cost_at, forward_seconds
 from evals.replay import add_predicted_speedup, replay_table
+from semverify.cost import cost_at, forward_seconds
 from tests.helpers import tiny_model
 
 
