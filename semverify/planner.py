@@ -6,7 +6,9 @@ k tokens emits E(k) = 1 + a_1 + a_1 a_2 + ... + a_1...a_k tokens and costs k dra
 forward over k + 1 tokens. The planner picks the k in 0..k_max with the largest E(k) / cost(k), where costs are
 in units of the target's one-token forward, so k = 0 (one token for one forward) is the bar every draft must
 clear: on a machine where wide forwards cost nearly linearly it stops speculating. While it decodes plainly it
-still drafts a short probe now and then, so that it notices when acceptance rises. Any draft length is lossless
+drafts a short probe now and then, at doubling intervals, so that it notices when acceptance rises; a probe
+costs more than its draft (the draft model first catches up on every token since its last draft), so where
+no draft could gain 10% even if 95% of draft tokens were kept it never probes. Any draft length is lossless
 under a lossless rule; the planner only changes speed (Sequoia's hardware-aware shapes, vLLM's dynamic draft
 length and TensorRT-LLM's acceptance threshold are the anchors).
 """
@@ -21,8 +23,13 @@ class DraftPlanner:
     tokens, any unit) and ``draft_cost`` (one draft-model forward in the same unit).
 
     ``prior`` is the acceptance assumed before any step (worth ``prior_weight`` observed drafts per position);
-    every ``probe_every``-th plain step drafts ``probe`` tokens instead.
+    after ``probe_every`` plain steps in a row it drafts ``probe`` tokens, and the interval doubles after each
+    probe that does not bring drafting back (at most ``MAX_INTERVAL``).
     """
+
+    OPTIMISTIC = 0.95  # the acceptance a probe could at best reveal
+    MARGIN = 1.1  # the gain in tokens per cost that must be possible for probing to be worth its catch-up
+    MAX_INTERVAL = 1024
 
     def __init__(self, verify_costs: dict[int, float], draft_cost: float, k_max: int, prior: float = 0.6,
                  prior_weight: float = 4.0, probe_every: int = 16, probe: int = 2) -> None:
@@ -36,7 +43,7 @@ class DraftPlanner:
         self.prior, self.prior_weight, self.probe_every, self.probe = prior, prior_weight, probe_every, probe
         self.tried = [0] * k_max  # drafts that reached position j (its predecessor was kept)
         self.kept = [0] * k_max  # of those, how many kept position j
-        self.plain_steps = 0
+        self.plain_steps, self.interval = 0, probe_every
         self.chosen: list[int] = []
 
     def acceptance(self) -> list[float]:
@@ -44,10 +51,11 @@ class DraftPlanner:
         return [(kept + self.prior * self.prior_weight) / (tried + self.prior_weight)
                 for tried, kept in zip(self.tried, self.kept)]
 
-    def expected_tokens(self, k: int) -> float:
-        """Tokens a step that drafts ``k`` tokens is expected to emit (the target's own token included)."""
+    def expected_tokens(self, k: int, acceptance: list[float] | None = None) -> float:
+        """Tokens a step that drafts ``k`` tokens is expected to emit (the target's own token included), under
+        ``acceptance`` (default: the estimate so far)."""
         total, reach = 1.0, 1.0
-        for a in self.acceptance()[:k]:
+        for a in (self.acceptance() if acceptance is None else acceptance)[:k]:
             reach *= a
             total += reach
         return total
@@ -56,19 +64,29 @@ class DraftPlanner:
         """A step's cost in one-token target forwards: ``k`` draft forwards and the verification."""
         return k * self.draft_cost + cost_at(self.verify, k)
 
+    def gain(self, k: int, acceptance: list[float] | None = None) -> float:
+        """Expected tokens per unit of cost of drafting ``k`` (plain decoding: 1)."""
+        return self.expected_tokens(k, acceptance) / self.step_cost(k)
+
     def best(self) -> int:
         """The draft length with the most expected tokens per unit of cost (the shortest among ties)."""
-        return max(range(self.k_max + 1), key=lambda k: (self.expected_tokens(k) / self.step_cost(k), -k))
+        return max(range(self.k_max + 1), key=lambda k: (self.gain(k), -k))
+
+    def could_pay(self) -> bool:
+        """Could some draft gain ``MARGIN`` over plain decoding if ``OPTIMISTIC`` of its tokens were kept?"""
+        hopeful = [self.OPTIMISTIC] * self.k_max
+        return max(self.gain(k, hopeful) for k in range(self.k_max + 1)) >= self.MARGIN
 
     def choose(self) -> int:
-        """This step's draft length: the best one, or a probe after ``probe_every`` plain steps in a row."""
+        """This step's draft length: the best one, or a probe after ``interval`` plain steps in a row."""
         k = self.best()
-        if k == 0:
-            self.plain_steps += 1
-            if self.plain_steps % self.probe_every == 0:
-                k = min(self.probe, self.k_max)
+        if k > 0:
+            self.plain_steps, self.interval = 0, self.probe_every
         else:
-            self.plain_steps = 0
+            self.plain_steps += 1
+            if self.plain_steps >= self.interval and self.k_max and self.could_pay():
+                k, self.plain_steps = min(self.probe, self.k_max), 0
+                self.interval = min(2 * self.interval, self.MAX_INTERVAL)
         self.chosen.append(k)
         return k
 

@@ -47,24 +47,33 @@ def test_update_counts_positions_reached_and_kept():
     assert planner.tried == [1, 1, 1, 0, 0] and planner.kept == [1, 1, 0, 0, 0]
 
 
-def test_probes_while_decoding_plainly():
-    planner = DraftPlanner(LINEAR, draft_cost=0.5, k_max=8, probe_every=4, probe=2)
-    assert [planner.choose() for _ in range(8)] == [0, 0, 0, 2, 0, 0, 0, 2]
+def test_probes_at_doubling_intervals_while_decoding_plainly_where_a_draft_could_pay():
+    planner = fed(DraftPlanner(FLAT, draft_cost=0.05, k_max=8, probe_every=4, probe=2), 8, 0, 50)
+    assert planner.best() == 0 and planner.could_pay()
+    choices = [planner.choose() for _ in range(28)]
+    assert [i for i, k in enumerate(choices) if k] == [3, 11, 27]  # after 4, 8 and 16 plain steps
+    hopeless = DraftPlanner(LINEAR, draft_cost=0.5, k_max=8, probe_every=4)
+    assert not hopeless.could_pay() and not any(hopeless.choose() for _ in range(100))
     with pytest.raises(ValueError, match="one-token forward"):
         DraftPlanner({1: 1.0}, draft_cost=0.1, k_max=4)
 
 
-@pytest.mark.parametrize("costs", [LINEAR, FLAT], ids=["linear", "flat"])
+@pytest.mark.parametrize("costs", [LINEAR, FLAT, "probing"])
 def test_a_planned_drafter_leaves_greedy_outputs_unchanged(costs):
     target, draft = tiny_model(4, arch="llama"), tiny_model(14, arch="llama")
     ids = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]])
-    planner = DraftPlanner(costs, draft_cost=0.05 if costs is FLAT else 0.5, k_max=6, probe_every=3)
+    planner = DraftPlanner(LINEAR if costs is LINEAR else FLAT, draft_cost=0.5 if costs is LINEAR else 0.05, k_max=6,
+                           probe_every=3)
+    if costs == "probing":  # nothing was ever kept: plain steps, and probes that catch the draft model up
+        fed(planner, 6, 0, 100).update = lambda drafted, accepted: None
     out = generate(target, ids, drafter=ModelDrafter(draft, planner=planner), num_assistant_tokens=6,
                    max_new_tokens=30, return_dict_in_generate=True)
     assert torch.equal(out.sequences, target.generate(ids, max_new_tokens=30, do_sample=False))
     lengths = out.spec_stats.draft_lengths  # the shapes chosen, step by step, are in the statistics
     if costs is LINEAR:
-        assert set(lengths) == {0, 2}  # plain steps, and a 2-token probe every third
+        assert set(lengths) == {0}  # no draft could pay for itself, so none is made, not even a probe
+    elif costs == "probing":
+        assert set(lengths) == {0, 2} and lengths[2] == 2 and lengths[3] == 0  # a probe after 3 plain steps
     else:
         assert max(lengths) >= 3 and lengths[:-1].count(0) == 0  # (the last step may have no budget left)
 
