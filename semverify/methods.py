@@ -10,7 +10,7 @@ import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from .registry import RunContext, available_drafters, drafter_kind, get_rule, parse_param
+from .registry import Registry, RunContext, available_drafters, drafter_kind, get_rule, parse_param
 from .rules import BaseRule
 
 _CONTEXT_PARAMS = ("draft_model", "target_model", "draft_calibration", "target_calibration", "temperature")
@@ -111,22 +111,20 @@ class Method:
         return spec  # optional keys only when set, so runs written before them still resume
 
 
-_METHODS: dict[str, Method] = {}
+_METHODS: Registry[Method] = Registry("unknown method {name!r}; built-in methods: {known} (or use --config)")
 
 
 def register_method(method: Method) -> None:
-    _METHODS[method.name] = method
+    _METHODS.add(method.name, method)
 
 
 def available_methods() -> list[str]:
-    return list(_METHODS)
+    return _METHODS.names()
 
 
 def get_method(name: str) -> Method:
     """A registered method preset by name."""
-    if name not in _METHODS:
-        raise ValueError(f"unknown method {name!r}; built-in methods: {', '.join(_METHODS)} (or use --config)")
-    return _METHODS[name]
+    return _METHODS.get(name)
 
 
 def parse_method(text: str, context: RunContext | None = None) -> Method:

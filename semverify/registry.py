@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Generic, TypeVar
 
 from .drafters import (
     BaseDrafter,
@@ -42,6 +42,32 @@ class RunContext:
         return cls(draft_model, target_model, (temperature or 1.0) if do_sample else 1.0, tokenizer)
 
 
+T = TypeVar("T")
+
+
+class Registry(Generic[T]):
+    """Entries by name, in the order registered; an unknown name is an error naming the known ones
+    (``unknown``: the message, with ``{name!r}`` and ``{known}``)."""
+
+    def __init__(self, unknown: str) -> None:
+        self.unknown = unknown
+        self.entries: dict[str, T] = {}
+
+    def add(self, name: str, entry: T) -> None:
+        self.entries[name] = entry
+
+    def names(self) -> list[str]:
+        return list(self.entries)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.entries
+
+    def get(self, name: str) -> T:
+        if name not in self.entries:
+            raise ValueError(self.unknown.format(name=name, known=", ".join(self.entries)))
+        return self.entries[name]
+
+
 # -- acceptance rules ---------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -50,18 +76,18 @@ class _RuleEntry:
     contextual: bool  # called as factory(context, **params)
 
 
-_RULES: dict[str, _RuleEntry] = {}
+_RULES: Registry[_RuleEntry] = Registry("unknown acceptance rule {name!r}; available: {known}")
 
 
 def register_rule(name: str, factory: Callable[..., BaseRule], *, contextual: bool = False) -> None:
     """Make the rule name ``name`` build ``factory(**params)``, or ``factory(context, **params)`` when
     ``contextual`` (the rule needs to know the run: models, temperature, tokenizer)."""
-    _RULES[name] = _RuleEntry(factory, contextual)
+    _RULES.add(name, _RuleEntry(factory, contextual))
 
 
 def available_rules() -> list[str]:
     """Names accepted by ``generate(rule=...)``, the command line's ``--rule`` and method presets."""
-    return sorted(_RULES)
+    return sorted(_RULES.names())
 
 
 def get_rule(rule: str | BaseRule, context: RunContext | None = None, **params) -> BaseRule:
@@ -72,9 +98,7 @@ def get_rule(rule: str | BaseRule, context: RunContext | None = None, **params) 
         if not isinstance(rule, BaseRule):
             raise TypeError(f"rule must be a rule name or a BaseRule (semverify.rules), got {type(rule).__name__}")
         return rule
-    if rule not in _RULES:
-        raise ValueError(f"unknown acceptance rule {rule!r}; available: {', '.join(available_rules())}")
-    entry = _RULES[rule]
+    entry = _RULES.get(rule)
     check_param_types(rule, entry.factory, params)
     return entry.factory(context or RunContext(), **params) if entry.contextual else entry.factory(**params)
 
@@ -156,23 +180,21 @@ class DrafterKind:
         return self.drafter.batching != "single"
 
 
-_DRAFTERS: dict[str, DrafterKind] = {}
+_DRAFTERS: Registry[DrafterKind] = Registry("unknown drafter {name!r}; use one of {known}")
 _NEEDS = {"draft_model": "a model (the draft model)", "draft_model_int8": "a model (the int8 draft model)",
           "tokenizer": "the tokenizer", "datastore": "a datastore"}
 
 
 def register_drafter(kind: DrafterKind) -> None:
-    _DRAFTERS[kind.name] = kind
+    _DRAFTERS.add(kind.name, kind)
 
 
 def available_drafters() -> list[str]:
-    return list(_DRAFTERS)
+    return _DRAFTERS.names()
 
 
 def drafter_kind(name: str) -> DrafterKind:
-    if name not in _DRAFTERS:
-        raise ValueError(f"unknown drafter {name!r}; use one of {', '.join(_DRAFTERS)}")
-    return _DRAFTERS[name]
+    return _DRAFTERS.get(name)
 
 
 def make_drafter(name: str, resources: DraftResources, k: int, **settings) -> Drafter:
