@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import statistics
+from collections import Counter
 from pathlib import Path
 
 import torch
@@ -62,6 +63,7 @@ def summarise(rows: list[dict], methods: list[str]) -> dict:
             "alpha": _mean([s["alpha"] for s in stats]),
             # the verification forward's width, and where the time went
             "draft_per_step": _mean([s["drafted"] / s["steps"] for s in stats]),
+            "draft_lengths": _length_shares(stats),
             "time_shares": _shares(stats),
             "step_cost": _step_cost(stats, alone),
         }
@@ -103,6 +105,13 @@ def _step_cost(stats: list[dict], target_rows: list[dict]) -> dict[str, float] |
     return {part: sum(s[f"{part}_time"] for s in stats) / steps / per_token for part in ("draft", "verify", "other")}
 
 
+def _length_shares(stats: list[dict]) -> dict[int, float] | None:
+    """The share of steps that drafted each number of tokens (a planner's choices), pooled over prompts."""
+    counts = Counter(n for s in stats for n in s.get("draft_lengths", []))
+    total = sum(counts.values())
+    return {n: c / total for n, c in sorted(counts.items())} if total else None
+
+
 def _mean(xs: list[float]) -> float | None:
     return sum(xs) / len(xs) if xs else None
 
@@ -111,8 +120,9 @@ def markdown(summary: dict, env: dict) -> str:
     lines = [f"Speed, greedy, {env['dtype']}, {env['target']} <- {env['draft']}, {env['max_new_tokens']} new tokens, "
              f"{env['date'][:10]}, {env['cpu']} ({env['torch_threads']} threads)", "",
              "| method | prompts | tok/s (median) | speedup vs target (median) | vs transformers | tau | alpha "
-             "| draft tokens per step | time draft/verify/other | step cost draft+verify+other | identical to target |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| draft tokens per step | draft lengths (share of steps) | time draft/verify/other "
+             "| step cost draft+verify+other | identical to target |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for m, s in summary.items():
         vs = next((f"{v:.2f}x" for k, v in s.items() if k.startswith("speedup_vs_hf")), "")
         tau = f"{s['tau']:.2f}" if s["tau"] is not None else ""
@@ -120,8 +130,10 @@ def markdown(summary: dict, env: dict) -> str:
         width = f"{s['draft_per_step']:.1f}" if s.get("draft_per_step") is not None else ""
         shares = "/".join(f"{100 * v:.0f}%" for v in s["time_shares"].values()) if s.get("time_shares") else ""
         cost = "+".join(f"{v:.2f}" for v in s["step_cost"].values()) if s.get("step_cost") else ""
+        common = sorted((s.get("draft_lengths") or {}).items(), key=lambda kv: -kv[1])[:3]  # the 3 commonest
+        lengths = ", ".join(f"{n}: {100 * share:.0f}%" for n, share in common)
         lines.append(f"| {m} | {s['prompts']} | {s['tok_s_median']:.2f} | {s['speedup_vs_target_median']:.2f}x | "
-                     f"{vs} | {tau} | {alpha} | {width} | {shares} | {cost} | "
+                     f"{vs} | {tau} | {alpha} | {width} | {lengths} | {shares} | {cost} | "
                      f"{s['identical_to_target']}/{s['prompts']} |")
     return "\n".join(lines) + "\n" + STEP_COST_NOTE
 

@@ -101,3 +101,20 @@ def test_the_methods_are_the_registrys_presets_beside_their_transformers_counter
                          ("rest", "drafts from a datastore")):
         with pytest.raises(ValueError, match=message):
             timed_method(bad)
+
+
+def test_the_chosen_draft_lengths_are_shares_of_steps():
+    from evals.speed import markdown, summarise
+
+    target = [{"id": 0, "method": "hf_vanilla", "tok_s": 2.0, "wall_s": 4.0, "new_tokens": 8, "tokens": [1],
+               "stats": None}]
+    stats = {"steps": 4, "drafted": 6, "tau": 2.0, "alpha": 0.5, "draft_time": 1.0, "verify_time": 2.0,
+             "other_time": 0.0, "total_time": 3.0, "draft_lengths": [0, 0, 2, 4]}
+    planned = [{"id": 0, "method": "sd_auto", "tok_s": 8 / 3.0, "wall_s": 3.0, "new_tokens": 8, "tokens": [1],
+                "stats": stats}]
+    summary = summarise(target + planned, ["hf_vanilla", "sd_auto"])
+    assert summary["sd_auto"]["draft_lengths"] == {0: 0.5, 2: 0.25, 4: 0.25}
+    assert summary["hf_vanilla"]["draft_lengths"] is None
+    env = {"dtype": "bfloat16", "target": "t", "draft": "d", "max_new_tokens": 8, "date": "2026-12-04",
+           "cpu": "cpu", "torch_threads": 2}
+    assert "| 0: 50%, 2: 25%, 4: 25% |" in markdown(summary, env)
