@@ -73,14 +73,18 @@ class CheckedRun:
         if storeless:
             raise ValueError(f"methods {', '.join(storeless)} draft by retrieval and need --datastore FILE "
                              "(build one with `semverify datastore`) or their own drafter.datastore=FILE")
-        int8 = [m.name for m in chosen if "draft_model_int8" in m.needs]
-        if int8 and torch.device(device).type != "cpu":
-            raise ValueError(f"methods {', '.join(int8)} draft with the int8 model, which runs on the CPU only; "
-                             "use --device cpu or their plain versions")
+        refuse_int8_off_cpu([m.name for m in chosen if "draft_model_int8" in m.needs], device)
         for path in {m.datastore(settings.datastore) for m in chosen} - {None}:
             if not Path(path).is_file():
                 raise FileNotFoundError(f"datastore not found: {path}")
         return cls(settings, chosen, bench, problems, tokenizer, {m.name: rule for m, rule in loaded}, device)
+
+
+def refuse_int8_off_cpu(int8_methods: list[str], device: str) -> None:
+    """The int8 draft is PyTorch's CPU dynamic quantization: methods drafting with it run on the CPU only."""
+    if int8_methods and torch.device(device).type != "cpu":
+        raise ValueError(f"methods {', '.join(int8_methods)} draft with the int8 model, which runs on the CPU only; "
+                         "use --device cpu or their plain versions")
 
 
 def shard_info() -> tuple[int, int]:

@@ -19,7 +19,7 @@ from semverify.clock import device_clock
 from semverify.methods import Method, available_methods, get_method
 from semverify.registry import DraftResources, RunContext, drafter_kind
 
-from .runner import decode
+from .runner import decode, refuse_int8_off_cpu
 
 HF_METHODS = ("hf_vanilla", "hf_sd", "hf_sd_int8", "hf_pld")
 _DRAFTS = {"draft_model", "draft_model_int8"}
@@ -70,9 +70,7 @@ class Decoders:
 
     def __init__(self, target: str, draft: str, dtype: str, methods: list[TimedMethod], device: str = "cpu") -> None:
         int8 = [m.name for m in methods if m.draft == "int8"]
-        if int8 and torch.device(device).type != "cpu":
-            raise ValueError(f"methods {', '.join(int8)} draft with the int8 model, which runs on the CPU only; "
-                             "use --device cpu")
+        refuse_int8_off_cpu(int8, device)
         self.target, self.tokenizer = load_model(target, dtype=dtype, device=device)
         self.device, self.clock = self.target.device, device_clock(self.target.device)
         drafts: dict[str, Any] = {}

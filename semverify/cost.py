@@ -22,7 +22,7 @@ from transformers import PreTrainedModel
 from .cache import keep_first, new_cache
 from .clock import device_clock
 from .machine import machine
-from .model_cache import cache_root
+from .model_cache import cache_root, model_key
 from .tree import tree_attention_mask, tree_position_ids
 
 PLAN_SIZES = (0, 1, 2, 3, 4, 6, 8, 12, 16)  # draft tokens a planner chooses among
@@ -76,7 +76,7 @@ def cost_file(model: PreTrainedModel) -> Path:
     """Where this model's cost curve on this machine is cached."""
     identity = cost_identity(model)
     key = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:20]
-    name = Path(identity["model"]).name.replace("/", "--") or "model"
+    name = model_key(identity["model"]) if identity["model"] else "model"
     return cache_root() / "forward-cost" / f"{name}-{key}.json"
 
 

@@ -70,7 +70,8 @@ class DraftPlanner:
 
     def best(self) -> int:
         """The draft length with the most expected tokens per unit of cost (the shortest among ties)."""
-        return max(range(self.k_max + 1), key=lambda k: (self.gain(k), -k))
+        acceptance = self.acceptance()
+        return max(range(self.k_max + 1), key=lambda k: (self.gain(k, acceptance), -k))
 
     def could_pay(self) -> bool:
         """Could some draft gain ``MARGIN`` over plain decoding if ``OPTIMISTIC`` of its tokens were kept?"""
