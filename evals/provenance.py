@@ -75,13 +75,21 @@ def pins(data: Path | None, methods: list[Method], rules: dict[str, BaseRule], d
     return {"data": {str(data): file_sha256(data)} if data is not None else {}, "methods": per_method}
 
 
+def recorded_dtypes(out: Path) -> dict | None:
+    """The per-role dtypes a run in ``out`` started with (None: no run there yet, or one from before they were
+    recorded)."""
+    path = out / "run.json"
+    return json.loads(path.read_text()).get("dtypes") if path.exists() else None
+
+
 def prepare_run(out: Path, settings: RunSettings, methods: list[Method], pinned: dict, pending: set[str],
-                rank: int = 0, repin: bool = False) -> None:
+                rank: int = 0, repin: bool = False, dtypes: dict | None = None) -> None:
     """Check this run against the folder's ``run.json``; rank 0 writes it (new folder) or records the
     resume. Refused: other settings, another definition of a method the run has, and a file whose
     content changed, for the data or for a method in ``pending`` (with problems left to run); with
     ``repin`` a method's changed file (a datastore rebuilt on another machine) is accepted and recorded.
-    Methods the run does not have yet are added (same problems and seeds, so they pair with the rows)."""
+    Methods the run does not have yet are added (same problems and seeds, so they pair with the rows). A new
+    run records ``dtypes``, the dtype each role's model loads in (`evals.runner.model_dtypes`)."""
     path = out / "run.json"
     if rank != 0:  # shards check against what rank 0 wrote
         for _ in range(600):
@@ -92,7 +100,8 @@ def prepare_run(out: Path, settings: RunSettings, methods: list[Method], pinned:
             raise ValueError(f"{path} did not appear: the rank-0 process of this run has not started it")
     spec = {"settings": asdict(settings), "methods": [m.to_dict() for m in methods]}
     if not path.exists():
-        _write_json(path, {**spec, "pins": pinned, "environment": environment(**asdict(settings))})
+        record = {**spec, "pins": pinned, "environment": environment(**asdict(settings))}
+        _write_json(path, record if dtypes is None else {**record, "dtypes": dtypes})
         return
     old = json.loads(path.read_text())
     # settings added to semverify after a run started are unset (None) in its resume

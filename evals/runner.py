@@ -11,6 +11,7 @@ benchmark's problems, the tokenizer, each method's rule) before any model loads,
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -23,13 +24,13 @@ from semverify.clock import device_clock
 from semverify.coupling import CoupledNoise, mix
 from semverify.machine import machine
 from semverify.methods import Method, load_method_rules
-from semverify.models import ModelLoadError, load_tokenizer
+from semverify.models import ModelLoadError, choose_dtype, load_tokenizer
 from semverify.registry import DraftResources, drafter_kind, make_drafter
 from semverify.rules import BaseRule
 from semverify.sense import Datastore
 
 from .benchmarks import Benchmark, Problem, get_benchmark
-from .provenance import RunSettings, pins, prepare_run
+from .provenance import RunSettings, pins, prepare_run, recorded_dtypes
 from .rows import RowWriter, read_rows, row_key
 
 
@@ -107,10 +108,29 @@ def compare(run: CheckedRun, out: str | Path, repin: bool = False) -> Path:
         todo = [(Work(p, sample), m) for p in run.problems[rank::world] for sample in range(settings.samples or 1)
                 for m in (run.methods if p.id % 2 == 0 else run.methods[::-1]) if (p.id, m.name, sample) not in done]
         pinned = pins(run.benchmark.source_file(settings.data), run.methods, run.rules, settings.datastore)
-        prepare_run(out, settings, run.methods, pinned, {m.name for _, m in todo}, rank, repin)
+        dtypes = None if rank else model_dtypes(run, out)  # rank 0 chooses; the others read its choice
+        prepare_run(out, settings, run.methods, pinned, {m.name for _, m in todo}, rank, repin, dtypes)
         if todo:
-            _run(run, todo, writer, rank, world)
+            _run(run, todo, writer, rank, world, dtypes or model_dtypes(run, out))
     return out
+
+
+def model_dtypes(run: CheckedRun, out: Path) -> dict:
+    """The dtype per role ("target", "draft") the run's models load in: ``--dtype`` itself, or for ``fastest``
+    the choice made when the run started (`semverify.models.choose_dtype`), which its ``run.json`` keeps for
+    every resume so that all rows of a run share their dtypes; the choice says why, in seconds per token."""
+    recorded = recorded_dtypes(out)
+    if recorded is not None:
+        return recorded
+    settings = run.settings
+    if settings.dtype != "fastest":
+        return {"target": settings.dtype, "draft": settings.dtype}
+    choices = {role: choose_dtype(name, role, run.device) for role, name in (("target", settings.target),
+                                                                              ("draft", settings.draft))}
+    for choice in choices.values():
+        print(f"semverify compare: --dtype fastest: {choice.summary()}", file=sys.stderr)
+    return {**{role: str(c.dtype).removeprefix("torch.") for role, c in choices.items()},
+            "why": {role: c.to_dict() for role, c in choices.items()}}
 
 
 @dataclass(frozen=True)
@@ -127,12 +147,13 @@ def problem_seed(settings: RunSettings, work: Work) -> int:
     return seed if work.sample == 0 else mix(seed, work.sample)
 
 
-def _run(run: CheckedRun, todo: list[tuple[Work, Method]], writer: RowWriter, rank: int, world: int) -> None:
+def _run(run: CheckedRun, todo: list[tuple[Work, Method]], writer: RowWriter, rank: int, world: int,
+         dtypes: dict) -> None:
     settings, bench, tokenizer = run.settings, run.benchmark, run.tokenizer
-    target, _ = load_model(settings.target, dtype=settings.dtype, device=run.device)
+    target, _ = load_model(settings.target, dtype=dtypes["target"], device=run.device)
     needs = set().union(*(m.needs for m in run.methods))
     resources = DraftResources(
-        draft_model=load_model(settings.draft, dtype=settings.dtype, device=run.device)[0]
+        draft_model=load_model(settings.draft, dtype=dtypes["draft"], device=run.device)[0]
         if "draft_model" in needs else None,
         draft_model_int8=load_model(settings.draft, quantize="int8")[0] if "draft_model_int8" in needs else None,
         target_model=target, tokenizer=tokenizer, eos_token_id=target.generation_config.eos_token_id)

@@ -25,7 +25,7 @@ from semverify.machine import machine
 from .benchmarks import GSM8K
 from .env import environment
 from .rows import RowWriter, read_row_file
-from .timing import Decoders, timed_method
+from .timing import Decoders, dtype_label, timed_method
 
 METHODS = ("hf_vanilla", "hf_sd", "sd", "hf_sd_int8", "sd_int8", "hf_pld", "pld", "sd_tree", "sd_tree_int8",
            "sd_adaptive", "sd_adaptive_int8", "hybrid", "hybrid_int8")
@@ -117,8 +117,8 @@ def _mean(xs: list[float]) -> float | None:
 
 
 def markdown(summary: dict, env: dict) -> str:
-    lines = [f"Speed, greedy, {env['dtype']}, {env['target']} <- {env['draft']}, {env['max_new_tokens']} new tokens, "
-             f"{env['date'][:10]}, {env['cpu']} ({env['torch_threads']} threads)", "",
+    lines = [f"Speed, greedy, {dtype_label(env)}, {env['target']} <- {env['draft']}, {env['max_new_tokens']} new "
+             f"tokens, {env['date'][:10]}, {env['cpu']} ({env['torch_threads']} threads)", "",
              "| method | prompts | tok/s (median) | speedup vs target (median) | vs transformers | tau | alpha "
              "| draft tokens per step | draft lengths (share of steps) | time draft/verify/other "
              "| step cost draft+verify+other | identical to target |",
@@ -156,6 +156,7 @@ def run_speed(args) -> str:
     with RowWriter(rows_path) as writer:  # locks the file and cuts a torn last line before the done-set is read
         done = {(r["id"], LEGACY.get(r["method"], r["method"])) for r in read_row_file(rows_path)}
         run = Decoders(args.target, args.draft, args.dtype, methods, args.device)
+        env["dtypes"] = run.dtypes
         run.warm_up(methods, 8)
         todo = [(prob, m) for prob in problems for m in (methods if prob.id % 2 == 0 else methods[::-1])
                 if (prob.id, m.name) not in done]

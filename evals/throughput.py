@@ -26,7 +26,7 @@ from .benchmarks import GSM8K
 from .env import environment
 from .rows import RowWriter, read_row_file
 from .runner import left_pad
-from .timing import Decoders, timed_method
+from .timing import Decoders, dtype_label, timed_method
 
 METHODS = ("hf_vanilla", "vanilla", "sd", "sd_int8", "pld")
 BASELINE = "vanilla"  # semverify's loop alone: each method's ratio at a batch size is against it
@@ -74,7 +74,7 @@ def run_throughput(args) -> str:
             writer.write({"method": m.name, "batch_size": b, "first": first, "tokens": real_tokens(new, eos),
                           "wall_s": wall, "machine": machine(run.device)})
     env = environment(target=args.target, draft=args.draft, dtype=args.dtype, max_new_tokens=args.max_new_tokens,
-                      k=args.k, prompts=len(prompts), batch_sizes=sizes, device=args.device)
+                      k=args.k, prompts=len(prompts), batch_sizes=sizes, device=args.device, dtypes=run.dtypes)
     summary = summarise(read_row_file(rows_path), names, sizes)
     (out / "summary.json").write_text(json.dumps({"environment": env, "summary": summary}, indent=2))
     text = markdown(summary, env)
@@ -109,8 +109,8 @@ def summarise(rows: list[dict], methods: list[str], sizes: list[int]) -> dict:
 
 def markdown(summary: dict, env: dict) -> str:
     sizes = summary["sizes"]
-    lines = [f"Batch throughput, greedy, {env['dtype']}, {env['target']} <- {env['draft']}, {env['max_new_tokens']} "
-             f"new tokens, {env['prompts']} GSM8K prompts, {env['date'][:10]}, {env['cpu']} "
+    lines = [f"Batch throughput, greedy, {dtype_label(env)}, {env['target']} <- {env['draft']}, "
+             f"{env['max_new_tokens']} new tokens, {env['prompts']} GSM8K prompts, {env['date'][:10]}, {env['cpu']} "
              f"({env['torch_threads']} threads)", "",
              "| method | " + " | ".join(f"B={b} tok/s (vs B=1, vs target)" for b in sizes) + " |",
              "|---" * (len(sizes) + 1) + "|"]
@@ -140,7 +140,7 @@ def plot(summary: dict, path: Path, env: dict) -> Path:
     ax.set_xscale("log", base=2)
     ax.set_xlabel("batch size")
     ax.set_ylabel("total new tokens/s")
-    ax.set_title(f"{env['dtype']}, {env['cpu']}", fontsize=9)
+    ax.set_title(f"{dtype_label(env)}, {env['cpu']}", fontsize=9)
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)

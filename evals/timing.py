@@ -64,6 +64,14 @@ def timed_method(name: str, k: int | None = None, lookup: int | None = None) -> 
     return TimedMethod(name, replace(method, k=length) if length is not None else method, base.endswith("_int8"))
 
 
+def dtype_label(env: dict) -> str:
+    """A timing run's dtype as its tables print it: with ``fastest``, what it chose per role."""
+    chosen = env.get("dtypes")
+    if env["dtype"] != "fastest" or not chosen:
+        return env["dtype"]
+    return f"fastest ({', '.join(f'{role} {dtype}' for role, dtype in chosen.items())})"
+
+
 class Decoders:
     """What a timing run decodes with, loaded and built once: the target and its tokenizer, the draft models
     the methods draft with, and each method's resources and rule (greedy)."""
@@ -75,9 +83,11 @@ class Decoders:
         self.device, self.clock = self.target.device, device_clock(self.target.device)
         drafts: dict[str, Any] = {}
         if any(m.draft == "plain" for m in methods):
-            drafts["plain"] = load_model(draft, dtype=dtype, device=device)[0]
+            drafts["plain"] = load_model(draft, dtype=dtype, device=device, role="draft")[0]
         if int8:
             drafts["int8"] = load_model(draft, quantize="int8")[0]
+        self.dtypes = {role: str(model.dtype).removeprefix("torch.") for role, model in
+                       (("target", self.target), ("draft", drafts.get("plain"))) if model is not None}
         eos = self.target.generation_config.eos_token_id
         self.resources = {m.name: DraftResources(draft_model=drafts.get(m.draft), draft_model_int8=drafts.get("int8"),
                                                  target_model=self.target,

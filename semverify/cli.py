@@ -33,7 +33,8 @@ def _configure_generate(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-k", type=int, default=None)
     p.add_argument("--top-p", type=float, default=None)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--dtype", default="bfloat16", help="bfloat16 (fast) or float32 (exact)")
+    p.add_argument("--dtype", default="bfloat16",
+                   help="bfloat16, float32 (exact), or fastest (per model, measured once on this machine)")
     p.add_argument("--device", default="cpu", help="where the models run: cpu (default), cuda, cuda:N or mps")
     p.add_argument("--raw", action="store_true", help="feed the prompt as is, without the chat template")
     p.add_argument("--json", action="store_true", help="print the statistics as JSON")
@@ -51,7 +52,7 @@ def _generate(args: argparse.Namespace) -> int:
     rule = get_rule(args.rule, context, **dict(args.rule_param))  # a bad rule fails before the models load
     torch.manual_seed(args.seed)
     target, tokenizer = load_model(args.target, dtype=args.dtype, device=args.device)
-    draft = load_model(args.draft, dtype=args.dtype, device=args.device)[0] if args.draft else None
+    draft = load_model(args.draft, dtype=args.dtype, device=args.device, role="draft")[0] if args.draft else None
     if args.raw or not tokenizer.chat_template:
         text = args.prompt
     else:

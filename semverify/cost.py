@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from tqdm.auto import tqdm
-from transformers import PreTrainedModel
+from transformers import PretrainedConfig, PreTrainedModel
 
 from .cache import keep_first, new_cache
 from .clock import device_clock
@@ -64,20 +64,41 @@ def cost_at(costs: dict[int, float] | dict[str, float], n: float) -> float:
     return float(np.interp(n, [int(k) for k in sizes], [costs[k] for k in sizes]))
 
 
+def curve_identity(name: str, config: PretrainedConfig, dtype: torch.dtype | str, device: torch.device | str) -> dict:
+    """What a cost curve depends on: the model (name, and its configuration apart from the dtype), the weights'
+    dtype (or ``"int8"``), the machine, the thread count and the torch version."""
+    settings = {k: v for k, v in config.to_dict().items() if k not in ("dtype", "torch_dtype")}
+    digest = hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    return {"model": name, "config": digest, "dtype": str(dtype), "machine": machine(torch.device(device)),
+            "threads": torch.get_num_threads(), "torch": torch.__version__}
+
+
 def cost_identity(model: PreTrainedModel) -> dict:
-    """What a cost curve depends on: the model (name and configuration), its dtype, the machine, the
-    thread count and the torch version."""
-    config = hashlib.sha256(model.config.to_json_string(use_diff=False).encode()).hexdigest()[:16]
-    return {"model": str(getattr(model, "name_or_path", "") or ""), "config": config, "dtype": str(model.dtype),
-            "machine": machine(model.device), "threads": torch.get_num_threads(), "torch": torch.__version__}
+    """The identity of ``model``'s curve (`curve_identity`); PyTorch's dynamic int8 weights count as dtype int8."""
+    int8 = any(isinstance(m, torch.ao.nn.quantized.dynamic.Linear) for m in model.modules())
+    return curve_identity(str(getattr(model, "name_or_path", "") or ""), model.config,
+                          "int8" if int8 else model.dtype, model.device)
+
+
+def cost_path(identity: dict) -> Path:
+    """Where the curve of ``identity`` is cached."""
+    key = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:20]
+    name = model_key(identity["model"]) if identity["model"] else "model"
+    return cache_root() / "forward-cost" / f"{name}-{key}.json"
 
 
 def cost_file(model: PreTrainedModel) -> Path:
     """Where this model's cost curve on this machine is cached."""
-    identity = cost_identity(model)
-    key = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:20]
-    name = model_key(identity["model"]) if identity["model"] else "model"
-    return cache_root() / "forward-cost" / f"{name}-{key}.json"
+    return cost_path(cost_identity(model))
+
+
+def cached_costs(identity: dict, sizes: tuple[int, ...] = (0,)) -> dict[int, float] | None:
+    """The cached curve of ``identity`` if it has every size in ``sizes``, else None."""
+    path = cost_path(identity)
+    if not path.is_file():
+        return None
+    seconds = {int(n): s for n, s in json.loads(path.read_text())["seconds"].items()}
+    return seconds if set(sizes) <= set(seconds) else None
 
 
 def save_costs(model: PreTrainedModel, seconds: dict[int, float], context: int, repeats: int) -> Path:
@@ -94,11 +115,13 @@ def forward_costs(model: PreTrainedModel, sizes: tuple[int, ...] = PLAN_SIZES, r
                   context: int = 256, progress: bool = True) -> dict[int, float]:
     """Seconds of one forward of ``model`` with n draft tokens, per n: the cached curve of this model on this
     machine, else a short one measured now (a few seconds to a minute, with a progress line) and cached."""
-    path = cost_file(model)
-    if path.is_file():
-        return {int(n): s for n, s in json.loads(path.read_text())["seconds"].items()}
+    sizes = tuple(sorted({0, *sizes}))
+    cached = cached_costs(cost_identity(model), sizes)
+    if cached is not None:
+        return cached
+    old = cached_costs(cost_identity(model)) or {}  # a shorter curve is measured again with the new sizes
     vocab = model.config.get_text_config().vocab_size
     ids = torch.randint(0, vocab, (1, context), generator=torch.Generator().manual_seed(0)).to(model.device)
-    seconds = forward_seconds(model, ids, tuple(sorted({0, *sizes})), repeats, progress)
+    seconds = forward_seconds(model, ids, tuple(sorted({*sizes, *old})), repeats, progress)
     save_costs(model, seconds, context, repeats)
     return seconds

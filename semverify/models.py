@@ -16,8 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+from .cost import cached_costs, curve_identity
+from .fastest_dtype import DtypeChoice, candidates, measure_curves, pick, role_sizes
 from .model_cache import converted_folder, converted_gguf
 
 DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
@@ -103,14 +105,33 @@ OFFLINE_MODELS: dict[str, PackagedModel] = {
 
 
 def resolve_dtype(dtype: str | torch.dtype) -> str | torch.dtype:
-    """Accept torch dtypes and the usual names (fp32, float32, bf16, bfloat16, fp16, auto)."""
-    if isinstance(dtype, torch.dtype) or dtype == "auto":
+    """Accept torch dtypes and the usual names (fp32, float32, bf16, bfloat16, fp16, auto, fastest)."""
+    if isinstance(dtype, torch.dtype) or dtype in ("auto", "fastest"):
         return dtype
     names = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16,
              "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16}
     if dtype not in names:
-        raise ValueError(f"unknown dtype {dtype!r}; use one of {', '.join(names)} or 'auto'")
+        raise ValueError(f"unknown dtype {dtype!r}; use one of {', '.join(names)}, 'auto' (the checkpoint's) or "
+                         "'fastest' (measured on this machine)")
     return names[dtype]
+
+
+def choose_dtype(name_or_path: str | os.PathLike, role: str = "target", device: str | torch.device = "cpu",
+                 progress: bool = True) -> DtypeChoice:
+    """The dtype in which ``name_or_path`` decodes fastest on this machine as a ``role`` ("target" or "draft"),
+    from its cached forward-cost curves; candidates without a curve are measured now (about a minute per dtype
+    for a 1.5B model on 2 cores, once per machine). See `semverify.fastest_dtype`."""
+    sizes = role_sizes(role)
+    folder = model_folder(name_or_path)
+    config = _from_pretrained(AutoConfig, folder)
+    curves = {dtype: cached_costs(curve_identity(str(folder), config, dtype, device), sizes)
+              for dtype in candidates(device)}
+    missing = tuple(dtype for dtype, costs in curves.items() if costs is None)
+    if missing:
+        model = _from_pretrained(AutoModelForCausalLM, folder, dtype=torch.float32).to(device).eval()
+        curves.update(measure_curves(model, missing, role, progress))
+        del model
+    return pick(curves, role, missing)
 
 
 def load_model(
@@ -118,11 +139,14 @@ def load_model(
     dtype: str | torch.dtype = "auto",
     device: str | torch.device = "cpu",
     quantize: str | None = None,
+    role: str = "target",
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load a causal LM and its tokenizer, in eval mode on ``device``.
 
     ``name_or_path``: an offline alias (see ``OFFLINE_MODELS``), a ``.gguf`` file, a local folder,
     or a hub id. Aliases and GGUF files are converted once into the semverify cache.
+    ``dtype``: a torch dtype or its name, ``"auto"`` (the checkpoint's, as in transformers) or ``"fastest"``
+    (the one that decodes fastest on this machine in ``role``, "target" or "draft"; see `choose_dtype`).
     ``quantize="int8"`` applies PyTorch dynamic int8 quantization to the linear layers (CPU only):
     about twice as fast at batch 1 on CPU, meant for draft models, whose numerics never change the
     output of a lossless rule.
@@ -132,6 +156,8 @@ def load_model(
     if quantize and torch.device(device).type != "cpu":
         raise ValueError("quantize='int8' uses PyTorch's CPU dynamic quantization; load on device='cpu'")
     dtype = torch.float32 if quantize else resolve_dtype(dtype)
+    if dtype == "fastest":
+        dtype = choose_dtype(name_or_path, role, device).dtype
     folder = model_folder(name_or_path)
     tokenizer = _from_pretrained(AutoTokenizer, folder)
     model = _from_pretrained(AutoModelForCausalLM, folder, dtype=dtype).to(device).eval()

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from .cost import PLAN_SIZES, cost_at, forward_costs
 
+PRIOR = 0.6  # the acceptance assumed per draft position before any is observed
+
 
 class DraftPlanner:
     """Chooses each step's draft length from ``verify_costs`` (target forward seconds per number of draft
@@ -31,7 +33,7 @@ class DraftPlanner:
     MARGIN = 1.1  # the gain in tokens per cost that must be possible for probing to be worth its catch-up
     MAX_INTERVAL = 1024
 
-    def __init__(self, verify_costs: dict[int, float], draft_cost: float, k_max: int, prior: float = 0.6,
+    def __init__(self, verify_costs: dict[int, float], draft_cost: float, k_max: int, prior: float = PRIOR,
                  prior_weight: float = 4.0, probe_every: int = 16, probe: int = 2) -> None:
         if 0 not in verify_costs or verify_costs[0] <= 0:
             raise ValueError("verify_costs needs the cost of a one-token forward (0 draft tokens), above 0")

@@ -30,7 +30,8 @@ def add_models(p: argparse.ArgumentParser, draft: bool = True, dtype: str = "bfl
     p.add_argument("--target", default=DEFAULT_TARGET, help="alias, hub id, local folder or .gguf file")
     if draft:
         p.add_argument("--draft", default=DEFAULT_DRAFT, help="draft model (alias, hub id, folder or .gguf)")
-    p.add_argument("--dtype", default=dtype, help="bfloat16, float32, ...")
+    p.add_argument("--dtype", default=dtype, help="bfloat16, float32 (exact), ..., or fastest: per model, the dtype "
+                   "that decodes fastest on this machine (measured once, cached; the choice is recorded)")
 
 
 def add_device(p: argparse.ArgumentParser) -> None:

@@ -9,6 +9,7 @@ import sys
 import time
 
 import pytest
+import torch
 
 from evals.benchmarks import get_benchmark
 from evals.report import report
@@ -471,3 +472,32 @@ def test_coupled_samples_pair_lossless_methods_with_vanilla_row_for_row(tiny_che
             f"(top-2 margin {margin:.3g})") in text
     with pytest.raises(SystemExit, match="--do-sample"):
         main(compare_args(tiny_checkpoint, tmp_path / "greedy", extra=["--samples", "2"]))
+
+
+def test_dtype_fastest_is_chosen_once_per_run_and_kept_by_its_resumes(tiny_checkpoint, tmp_path, monkeypatch):
+    import semverify.cost
+
+    monkeypatch.setenv("SEMVERIFY_CACHE", str(tmp_path / "cache"))
+    fast = {"dtype": torch.float32}
+
+    def fake_seconds(model, context, sizes, *args, **kwargs):  # the dtype in ``fast`` is the quick one
+        return {n: (1.0 if model.dtype == fast["dtype"] else 3.0) + n for n in sizes}
+
+    monkeypatch.setattr(semverify.cost, "forward_seconds", fake_seconds)
+    run = tmp_path / "run"
+    args = [a if a != "float32" else "fastest" for a in compare_args(tiny_checkpoint, run, limit=1,
+                                                                      extra=["--no-report"])]
+    assert main(args) == 0
+    recorded = json.loads((run / "run.json").read_text())
+    assert recorded["settings"]["dtype"] == "fastest"
+    assert {recorded["dtypes"]["target"], recorded["dtypes"]["draft"]} == {"float32"}
+    assert recorded["dtypes"]["why"]["draft"]["seconds_per_token"] == {"torch.float32": 1.0, "torch.bfloat16": 3.0}
+    fast["dtype"] = torch.bfloat16  # the machine now favours bfloat16: a new run chooses it, a resume keeps float32
+    (tmp_path / "cache").rename(tmp_path / "old-cache")
+    rows = run / "rows.rank0.jsonl"
+    rows.write_text("".join(rows.read_text().splitlines(keepends=True)[:2]))  # as if killed after two rows
+    assert main(args) == 0
+    assert json.loads((run / "run.json").read_text())["dtypes"] == recorded["dtypes"]
+    assert len(read_rows(run)) == len(METHODS.split(",")) and not (tmp_path / "cache").exists()  # nothing measured
+    assert main([*args[:args.index("--out") + 1], str(tmp_path / "new"), "--no-report"]) == 0
+    assert json.loads((tmp_path / "new" / "run.json").read_text())["dtypes"]["target"] == "bfloat16"
