@@ -22,7 +22,7 @@ from .drafters.base import Drafter, row_drafter
 from .rules import BaseRule
 from .sampling import Generators, Sampler
 from .stats import SpecStats
-from .tree import depths, keep_path, require_full_attention, tree_attention_mask, tree_position_ids
+from .tree import depths, keep_path, require_full_attention, rows_tree_mask, rows_tree_positions
 from .types import Draft, StepOutcome, Verdict, VerifyInput, eos_ids
 from .verification import verify_rows
 
@@ -180,16 +180,16 @@ def path_hidden(hidden: torch.Tensor | None, paths: list[list[int]]) -> list[tor
 def target_inputs(cache: RowCache, pending: torch.LongTensor, pending_valid: torch.BoolTensor, draft: Draft,
                   dtype: torch.dtype) -> tuple[dict, torch.BoolTensor]:
     """The verification forward's inputs: per row the tokens the target has not seen, then its draft; a
-    tree draft adds the mask and positions under which every branch is scored as if it were alone.
+    tree draft (in any row) adds the mask and positions under which every branch is scored as if it were alone.
     Returns them and which of the new columns are real."""
     new_valid = torch.cat([pending_valid, draft_mask(draft)], dim=1)
-    if not draft.is_tree:
+    if not draft.branches:
         return cache.inputs(torch.cat([pending, draft.tokens], dim=1), new_valid), new_valid
     require_full_attention(cache.cache)
-    past, device = cache.length, pending.device
-    return {"input_ids": torch.cat([pending, draft.tokens], dim=1), "cache": cache.cache, "use_cache": True,
-            "attention_mask": tree_attention_mask(draft.parents, past, pending.shape[1], dtype, device),
-            "position_ids": tree_position_ids(draft.parents, past, pending.shape[1], device)}, new_valid
+    parents, device = draft.row_parents(), cache.device
+    return {"input_ids": torch.cat([pending, draft.tokens], dim=1).to(device), "cache": cache.cache, "use_cache": True,
+            "attention_mask": rows_tree_mask(parents, cache.valid, pending_valid, dtype, device),
+            "position_ids": rows_tree_positions(parents, cache.next_position, pending_valid).to(device)}, new_valid
 
 
 def draft_mask(draft: Draft) -> torch.BoolTensor:
@@ -235,8 +235,9 @@ def commit_cache(cache: RowCache, start: int, pending: int, draft: Draft, paths:
                  accepted: list[int]) -> None:
     """Keep in each row the unseen tokens and its accepted draft tokens (a tree's accepted path is moved
     into place first); every other new column becomes a hole, or is cropped."""
-    if draft.is_tree:
-        keep_path(cache.cache, start, paths[0][: accepted[0]])
+    if draft.branches:
+        for row, (path, n) in enumerate(zip(paths, accepted)):
+            keep_path(cache.cache, start, path[:n], row=None if len(paths) == 1 else row)
     kept = torch.arange(draft.length)[None, :] < torch.tensor(accepted)[:, None]
     cache.keep(torch.cat([torch.ones(len(accepted), pending, dtype=torch.bool), kept], dim=1))
 
@@ -284,19 +285,23 @@ def _check_call(drafter: Drafter, rule: BaseRule, k: int, max_new_tokens: int, b
             f"acceptance rule {rule.name!r} needs draft probabilities, but {type(drafter).__name__} "
             "proposes deterministic tokens without them; use a draft model (assistant_model=...)"
         )
+    if rule.needs_extend and batch > 1:
+        raise ValueError(f"acceptance rule {rule.name!r} asks the target about each draft with extra forwards on "
+                         "one row's cache; decode with batch size 1")
     if streamer is not None and batch > 1:
         raise ValueError("a streamer takes one sequence, as in transformers; decode with batch size 1 to stream")
 
 
 def _check_draft(draft: Draft, ks: list[int], rule: BaseRule, sampler: Sampler) -> None:
     k = max(ks)
-    if draft.is_tree:
+    if draft.branches:
         if sampler.processors is not None:
             raise NotImplementedError("logits processors (repetition_penalty, min_new_tokens, ...) are applied to "
                                       "chain drafts; use a chain drafter with them")
-        deepest = int(depths(draft.parents).max()) if draft.length else 0
-        if deepest > k:
-            raise ValueError(f"the drafter proposed a tree {deepest} tokens deep, deeper than the {k} asked for")
+        deepest = [int(depths(r.parents).max()) if r.is_tree and r.length else r.length
+                   for r in map(draft.row, range(len(ks)))]
+        if any(d > row_k for d, row_k in zip(deepest, ks)):
+            raise ValueError(f"the drafter proposed a tree {max(deepest)} tokens deep, deeper than the {k} asked for")
     elif draft.length > k or (draft.lengths is not None and bool((draft.lengths > draft.lengths.new_tensor(ks)).any())):
         raise ValueError(f"the drafter proposed {draft.length} tokens, more than the {k} asked for")
     if rule.needs_draft_probs and draft.length and draft.probs is None:

@@ -19,7 +19,8 @@ class BaseRule:
     """The rule contract, with defaults: a rule subclasses this and implements ``__call__``.
 
     Flags: ``lossless`` (keeps the target's output distribution), ``needs_draft_probs`` (reads
-    ``draft.probs``), ``needs_hidden_states`` (reads ``target_hidden``); ``preferred_drafter`` is the
+    ``draft.probs``), ``needs_hidden_states`` (reads ``target_hidden``), ``needs_extend`` (asks the
+    target more through ``VerifyInput.extend``, which the loop offers for one row); ``preferred_drafter`` is the
     drafter kind ``generate(assistant_model=...)`` builds for it. Optional abilities are methods:
     `verify_tree`, `verify_sampled_tree`, and `artifacts` (files the rule was built from).
     """
@@ -28,6 +29,7 @@ class BaseRule:
     lossless: bool = False
     needs_draft_probs: bool = False
     needs_hidden_states: bool = False
+    needs_extend: bool = False
     preferred_drafter: str = "model"
     _sources: tuple[str, ...] = ()
 

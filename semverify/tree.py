@@ -49,25 +49,51 @@ def leaf_paths(parents: torch.LongTensor) -> list[list[int]]:
 
 def tree_attention_mask(parents: torch.LongTensor, past: int, pending: int, dtype: torch.dtype,
                         device: torch.device | str = "cpu") -> torch.Tensor:
-    """[1, 1, pending+n, past+pending+n] additive mask (0 attends, dtype min blocks).
+    """[1, 1, pending+n, past+pending+n] additive mask (0 attends, dtype min blocks) of one row over a
+    cache without holes: `rows_tree_mask` with every column real.
 
     The input is ``pending`` uncached context tokens (the last of them is the root), then the n nodes:
     context tokens are causal, each node sees the cache, all context tokens and its own ancestors.
     """
-    n, ctx = len(parents), past + pending
-    allowed = torch.zeros(pending + n, ctx + n, dtype=torch.bool)
-    allowed[:pending, :ctx] = torch.ones(pending, ctx, dtype=torch.bool).tril(diagonal=past)
-    allowed[pending:, :ctx] = True
-    allowed[pending:, ctx:] = ancestor_mask(parents)
+    every = torch.ones(1, past + pending, dtype=torch.bool)
+    return rows_tree_mask(parents[None], every[:, :past], every[:, past:], dtype, device)
+
+
+def rows_tree_mask(parents: torch.LongTensor, past_valid: torch.BoolTensor, pending_valid: torch.BoolTensor,
+                   dtype: torch.dtype, device: torch.device | str = "cpu") -> torch.Tensor:
+    """[B, 1, W+n, past+W+n] additive mask of a batch whose row b holds the tree ``parents[b]`` [n].
+
+    Each row sees its real cache columns (``past_valid`` [B, past]: holes and padding are masked) and its
+    real uncached tokens (``pending_valid`` [B, W], causal, the last is the root); a node also sees its
+    ancestors. Every position sees itself, so padding never leaves a row with nothing to attend to.
+    """
+    batch, n = parents.shape
+    past, width = past_valid.shape[1], pending_valid.shape[1]
+    past_valid, pending_valid = past_valid.cpu(), pending_valid.cpu()
+    allowed = torch.zeros(batch, width + n, past + width + n, dtype=torch.bool)
+    allowed[:, :, :past] = past_valid[:, None, :]
+    allowed[:, :width, past : past + width] = torch.ones(width, width, dtype=torch.bool).tril() & pending_valid[:, None]
+    allowed[:, width:, past : past + width] = pending_valid[:, None, :]
+    allowed[:, width:, past + width :] = torch.stack([ancestor_mask(p) for p in parents])
+    allowed[:, torch.arange(width + n), past + torch.arange(width + n)] = True
     mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)
-    return mask[None, None].to(device)
+    return mask[:, None].to(device)
 
 
 def tree_position_ids(parents: torch.LongTensor, past: int, pending: int,
                       device: torch.device | str = "cpu") -> torch.LongTensor:
     """[1, pending+n] positions: context tokens in order, a node at the root's position + its depth."""
-    ctx = torch.arange(past, past + pending)
-    return torch.cat([ctx, past + pending - 1 + depths(parents)])[None].to(device)
+    return rows_tree_positions(parents[None], torch.tensor([past]), torch.ones(1, pending, dtype=torch.bool)).to(device)
+
+
+def rows_tree_positions(parents: torch.LongTensor, next_position: torch.LongTensor,
+                        pending_valid: torch.BoolTensor) -> torch.LongTensor:
+    """[B, W+n] positions of a batched tree forward: each row's real uncached tokens from its
+    ``next_position`` on, its nodes at its root's position + their depth."""
+    next_position, pending_valid = next_position.cpu(), pending_valid.cpu()
+    context = next_position[:, None] + (pending_valid.long().cumsum(-1) - 1).clamp_min(0)
+    root = next_position + pending_valid.sum(-1) - 1
+    return torch.cat([context, root[:, None] + torch.stack([depths(p) for p in parents])], dim=1)
 
 
 def require_full_attention(cache: DynamicCache) -> None:
@@ -78,19 +104,21 @@ def require_full_attention(cache: DynamicCache) -> None:
             raise UnsupportedCacheError(f"tree drafts need full-attention cache layers; got {type(layer).__name__}")
 
 
-def keep_path(cache: DynamicCache, start: int, nodes: list[int]) -> None:
-    """Move the cache entries of tree ``nodes`` (stored at start + node) to start, start+1, ...
+def keep_path(cache: DynamicCache, start: int, nodes: list[int], row: int | None = None) -> None:
+    """Move the cache entries of tree ``nodes`` (stored at start + node) to start, start+1, ..., in every
+    row of the cache or in ``row`` alone.
 
     The caller then crops the cache; entries of rejected branches are overwritten or cut off.
     """
     if nodes == list(range(len(nodes))):  # a chain's accepted prefix is already in place
         return
     require_full_attention(cache)
-    src = torch.tensor(nodes) + start
-    dst = torch.arange(len(nodes)) + start
+    rows = slice(None) if row is None else slice(row, row + 1)
     for layer in cache.layers:
-        layer.keys[:, :, dst] = layer.keys[:, :, src.to(layer.keys.device)]
-        layer.values[:, :, dst] = layer.values[:, :, src.to(layer.values.device)]
+        src = (torch.tensor(nodes) + start).to(layer.keys.device)
+        dst = (torch.arange(len(nodes)) + start).to(layer.keys.device)
+        layer.keys[rows, :, dst] = layer.keys[rows, :, src]
+        layer.values[rows, :, dst] = layer.values[rows, :, src]
 
 
 def merge_sequences(sequences: list[list[int]]) -> tuple[list[int], list[int]]:

@@ -23,12 +23,16 @@ class Draft:
     ``parents`` turns the draft into a tree: ``parents[i]`` is the index of node i's parent, or -1 for
     a child of the last accepted token; ``None`` is a chain (a tree with one path). ``lengths`` [B]:
     how many of each row's tokens are real when rows drafted different numbers (the rest is padding).
+    ``rows``: each row's own one-row draft, when the rows of a batch drafted apart (a tree per row, a
+    whole step or step tokens per row); its tokens are the row's first ``lengths[b]`` columns, and the
+    rule judges each row on it.
     """
 
     tokens: torch.LongTensor  # [B, n]
     probs: torch.FloatTensor | None = None  # [B, n, V]
     parents: torch.LongTensor | None = None  # [n]
     lengths: torch.LongTensor | None = None  # [B]
+    rows: list[Draft] | None = None  # [B] one-row drafts
 
     def __post_init__(self) -> None:
         if self.tokens.dim() != 2:
@@ -50,6 +54,31 @@ class Draft:
     @property
     def is_tree(self) -> bool:
         return self.parents is not None
+
+    @property
+    def branches(self) -> bool:
+        """Whether any row's draft is a tree (its forward then needs a tree mask)."""
+        return self.is_tree or any(r.is_tree for r in self.rows or ())
+
+    def row(self, b: int) -> Draft:
+        """Row ``b``'s own draft: as drafted (``rows``), else its real tokens cut from the batch."""
+        if self.rows is not None:
+            return self.rows[b]
+        if self.tokens.shape[0] == 1 and self.lengths is None:
+            return self
+        n = self.length if self.lengths is None else int(self.lengths[b])
+        return Draft(self.tokens[b : b + 1, :n], None if self.probs is None else self.probs[b : b + 1, :n])
+
+    def row_parents(self) -> torch.LongTensor:
+        """[B, n] every row's parents (a chain row's node i hangs from node i-1); padding nodes hang from the root."""
+        n = self.length
+        chain = torch.arange(-1, n - 1)
+        if self.rows is None:
+            return (chain if self.parents is None else self.parents.cpu())[None].expand(self.tokens.shape[0], n)
+        out = torch.full((len(self.rows), n), -1, dtype=torch.long)
+        for b, r in enumerate(self.rows):
+            out[b, : r.length] = chain[: r.length] if r.parents is None else r.parents.cpu()
+        return out
 
     @classmethod
     def empty(cls, batch_size: int = 1, device: torch.device | str = "cpu") -> "Draft":

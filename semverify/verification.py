@@ -21,41 +21,48 @@ if TYPE_CHECKING:
 
 
 def verify_rows(rule: BaseRule, x: VerifyInput) -> tuple[list[list[int]], Verdict]:
-    """Each row's judged path and one verdict for the batch. One row: its draft as it is (a tree through
-    the rule's `verify_tree`). Several rows: each row's chain draft on its
-    own, so that a row's verdict, and the random draws it takes from its own stream, are what they would be
-    alone."""
+    """Each row's judged path and one verdict for the batch. One row: its draft as it is. Several rows:
+    each row's own draft on its own (`Draft.row`: a chain, a tree through the rule's `verify_tree`, a
+    whole step), so that a row's verdict, and the random draws it takes from its own stream, are what
+    they would be alone."""
     batch = x.draft.tokens.shape[0]
     if batch == 1 and x.draft.lengths is None:
-        if x.draft.is_tree:
-            path, verdict = rule.verify_tree(x)
-            return [path], verdict
-        return [list(range(x.k))], rule(x)
-    k = x.k
-    lengths = x.draft.lengths.tolist() if x.draft.lengths is not None else [k] * batch
-    device = x.target_logits.device
+        path, verdict = verify_one(rule, x)
+        return [path], verdict
+    k, device = x.k, x.target_logits.device
     n, token = torch.zeros(batch, dtype=torch.long, device=device), torch.zeros(batch, dtype=torch.long, device=device)
     reasons: dict[str, torch.Tensor] = {}
     scores: dict[str, torch.Tensor] = {}
     target_tokens = None
-    for row, length in enumerate(lengths):
-        part = rule(_row_input(x, row, length))
+    paths = []
+    for row in range(batch):
+        path, part = verify_one(rule, _row_input(x, row))
+        paths.append(path)
         n[row], token[row] = part.n_accepted[0], part.next_token[0]
         for name, mask in part.reasons.items():
-            reasons.setdefault(name, torch.zeros(batch, k, dtype=torch.bool, device=device))[row, :length] = mask[0]
+            row_mask = reasons.setdefault(name, torch.zeros(batch, k, dtype=torch.bool, device=device))[row]
+            row_mask[: mask.shape[1]] = mask[0]
         for name, value in part.scores.items():
             scores.setdefault(name, torch.full((batch,), float("nan"), device=device))[row] = float(value[0])
         if part.target_tokens is not None:
             if target_tokens is None:
                 target_tokens = torch.full((batch, k), -1, dtype=torch.long, device=device)
-            target_tokens[row, :length] = part.target_tokens[0]
-    return [list(range(length)) for length in lengths], Verdict(n, token, reasons, scores, target_tokens)
+            target_tokens[row, : part.target_tokens.shape[1]] = part.target_tokens[0]
+    return paths, Verdict(n, token, reasons, scores, target_tokens)
 
 
-def _row_input(x: VerifyInput, row: int, length: int) -> VerifyInput:
-    """The rule's input for one row of a batch, whose draft is ``length`` tokens long."""
-    d, r = x.draft, slice(row, row + 1)
-    draft = Draft(d.tokens[r, :length], None if d.probs is None else d.probs[r, :length])
+def verify_one(rule: BaseRule, x: VerifyInput) -> tuple[list[int], Verdict]:
+    """One row's judged path (node indices) and verdict: a tree through the rule's `verify_tree`."""
+    if x.draft.is_tree:
+        return rule.verify_tree(x)
+    return list(range(x.k)), rule(x)
+
+
+def _row_input(x: VerifyInput, row: int) -> VerifyInput:
+    """The rule's input for one row of a batch: the row's own draft and the logits (and hidden states) of
+    its root and its real draft positions."""
+    draft = x.draft.row(row)
+    length, r = draft.length, slice(row, row + 1)
     hidden = None if x.target_hidden is None else x.target_hidden[r, : length + 1]
     generator = x.generator[row] if isinstance(x.generator, (list, tuple)) else x.generator
     return VerifyInput(draft, x.target_logits[r, : length + 1], x.do_sample, hidden, generator)

@@ -74,8 +74,9 @@ class BaseDrafter:
     """No-op ``reset``, ``commit`` and ``feedback``: a drafter overrides what it needs.
 
     ``batching`` declares how it serves a batch: ``"rows"``, it drafts every row itself (it implements
-    `RowDrafter`, as the draft model does); ``"copies"``, one copy per row (per-sequence state, no
-    shared model: prompt lookup, retrieval); ``"single"``, one sequence only (trees, steps).
+    `RowDrafter`, as the draft model and the step drafter do); ``"copies"``, one copy per row
+    (``copy.copy``; per-sequence state: prompt lookup, retrieval, draft trees, hybrid); ``"single"``, one
+    sequence only (a user's drafter that cannot be copied).
     """
 
     gives_probs = False
@@ -119,12 +120,7 @@ class PerRowDrafter:
                      generators: list) -> Draft:
         drafts = [d.propose(s[None], k, sampler, g) if k > 0 else Draft.empty(1, s.device)
                   for d, s, k, g in zip(self.drafters, sequences, ks, generators)]
-        if len(drafts) == 1:
-            return drafts[0]
-        if any(d.is_tree for d in drafts):
-            raise NotImplementedError("tree drafts are verified for batch size 1 only; decode the prompts one at "
-                                      "a time")
-        return pad_drafts(drafts)
+        return drafts[0] if len(drafts) == 1 else pad_drafts(drafts)
 
     def commit_rows(self, accepted: list[int], next_tokens: torch.LongTensor,
                     target_hidden: list[torch.Tensor | None]) -> None:
@@ -153,7 +149,8 @@ def row_drafter(drafter: Drafter, batch: int) -> RowDrafter:
 
 
 def pad_drafts(drafts: list[Draft]) -> Draft:
-    """One chain draft [B, max length] from one-row chain drafts, with each row's length."""
+    """One draft [B, max length] from one-row drafts (chains, trees, steps), with each row's length and
+    the row drafts themselves (`Draft.rows`), which the rule judges row by row."""
     width, device = max(d.length for d in drafts), drafts[0].tokens.device
     tokens = torch.zeros(len(drafts), width, dtype=torch.long, device=device)
     for row, d in enumerate(drafts):
@@ -165,4 +162,4 @@ def pad_drafts(drafts: list[Draft]) -> Draft:
         for row, d in enumerate(drafts):
             if d.length:
                 probs[row, : d.length] = d.probs[0]
-    return Draft(tokens, probs, lengths=torch.tensor([d.length for d in drafts], device=device))
+    return Draft(tokens, probs, lengths=torch.tensor([d.length for d in drafts], device=device), rows=list(drafts))

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import torch
 
 from ..sampling import Sampler
@@ -19,7 +21,7 @@ class HybridDrafter(BaseDrafter):
     draft's distribution (easd) cannot take this drafter."""
 
     gives_probs = False
-    batching = "single"  # holds a model cache for one sequence
+    batching = "copies"  # one copy per row of a batch, each with its own draft model cache (see __copy__)
 
     def __init__(self, model_drafter: ModelDrafter, lookup: PromptLookupDrafter | None = None,
                  min_tokens: int = 2) -> None:
@@ -27,6 +29,10 @@ class HybridDrafter(BaseDrafter):
             raise ValueError(f"min_tokens must be >= 1, got {min_tokens}")
         self.model_drafter, self.lookup, self.min_tokens = model_drafter, lookup or PromptLookupDrafter(), min_tokens
         self.looked_up = 0  # steps drafted by lookup since reset (how often lookup served)
+
+    def __copy__(self) -> "HybridDrafter":
+        """A copy for another row of a batch: its own model drafter and lookup state, the same models."""
+        return HybridDrafter(copy.copy(self.model_drafter), copy.copy(self.lookup), self.min_tokens)
 
     def reset(self, input_ids: torch.LongTensor) -> None:
         self.model_drafter.reset(input_ids)

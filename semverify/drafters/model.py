@@ -15,6 +15,8 @@ from ..sampling import Sampler, sample_from
 from ..types import Draft, StepOutcome, eos_ids
 from .base import BaseDrafter
 
+Stop = Callable[[list[int]], bool]  # whether a row's draft tokens so far end its draft
+
 
 class ModelDrafter(BaseDrafter):
     """Drafts up to k tokens per row autoregressively with ``model``, sampling through the loop's sampler.
@@ -70,18 +72,9 @@ class ModelDrafter(BaseDrafter):
 
     def propose(self, input_ids: torch.LongTensor, k: int, sampler: Sampler,
                 generator: torch.Generator | None) -> Draft:
-        return self.draft_tokens(input_ids, k, sampler, generator)[0]
-
-    def draft_tokens(self, input_ids: torch.LongTensor, k: int, sampler: Sampler, generator: torch.Generator | None,
-                     stop: Callable[[list[int]], bool] | None = None,
-                     keep_hidden: bool = False) -> tuple[Draft, torch.Tensor | None]:
-        """Up to k tokens after ``input_ids`` [1, T], and with ``keep_hidden`` the last-layer hidden states
-        [1, n, H] of the positions that emitted them (else None); ``stop(tokens)`` ends the draft early."""
-        draft, hidden = self.draft_rows([input_ids[0]], [k], sampler, [generator], stop, keep_hidden)
+        draft = self.draft_rows([input_ids[0]], [k], sampler, [generator])[0]
         n = draft.length if draft.lengths is None else int(draft.lengths[0])
-        if n == 0:
-            return Draft.empty(1, input_ids.device), None
-        return Draft(draft.tokens[:, :n], draft.probs[:, :n]), None if hidden is None else hidden[:, :n]
+        return Draft(draft.tokens[:, :n], draft.probs[:, :n]) if n else Draft.empty(1, input_ids.device)
 
     def propose_rows(self, sequences: list[torch.LongTensor], ks: list[int], sampler: Sampler,
                      generators: list) -> Draft:
@@ -89,10 +82,11 @@ class ModelDrafter(BaseDrafter):
         return self.draft_rows(sequences, ks, sampler, generators)[0]
 
     def draft_rows(self, sequences: list[torch.LongTensor], ks: list[int], sampler: Sampler, generators: list,
-                   stop: Callable[[list[int]], bool] | None = None,
+                   stop: Stop | list[Stop | None] | None = None,
                    keep_hidden: bool = False) -> tuple[Draft, torch.Tensor | None]:
         """Up to ``ks[b]`` tokens after each row's sequence, drafted together: one forward per draft
-        token for all rows still drafting. Returns the padded draft with its ``lengths`` (and hidden states)."""
+        token for all rows still drafting. ``stop``: one test for every row, or one per row (None: none).
+        Returns the padded draft with its ``lengths`` (and hidden states)."""
         if self.adaptive:
             ks = [min(k, length) for k, length in zip(ks, self.lengths)]
         elif self.planner is not None:  # one length for the batch, planned from the pooled acceptance
@@ -102,6 +96,7 @@ class ModelDrafter(BaseDrafter):
         if most == 0:  # plain decoding this step; the cache catches up at the next draft
             self._added = []
             return Draft.empty(batch, sequences[0].device), None
+        stops = stop if isinstance(stop, list) else [stop] * batch
         pending = [seq[fed:] for seq, fed in zip(sequences, self.fed)]  # tokens the cache has not seen
         width = max(len(p) for p in pending)
         device = self.model.device
@@ -133,7 +128,7 @@ class ModelDrafter(BaseDrafter):
                 lengths[row] += 1
                 row_tokens = tokens[row, : lengths[row]].tolist()
                 drafting[row] = not (lengths[row] == ks[row] or int(token) in self.eos
-                                     or (stop is not None and stop(row_tokens))
+                                     or (stops[row] is not None and stops[row](row_tokens))
                                      or (self.confidence_threshold is not None
                                          and float(q[row].max()) < self.confidence_threshold)
                                      or (self.entropy_stop is not None and float(entropy(q[row])) > self.entropy_stop))

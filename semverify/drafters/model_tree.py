@@ -30,7 +30,7 @@ class ModelTreeDrafter(BaseDrafter):
     branches; a branch ends at an end-of-sequence token."""
 
     gives_probs = False  # deterministic proposals: the target tests each token against p alone
-    batching = "single"  # one tree for one sequence: batches take ModelDrafter instead
+    batching = "copies"  # a batch drafts one tree per row, each copy with its own draft cache
 
     def __init__(self, model: PreTrainedModel, budget: int = 24, branch: int = 2, threshold: float = 0.6,
                  eos_token_id: int | list[int] | None = None) -> None:

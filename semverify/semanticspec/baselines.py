@@ -78,6 +78,7 @@ class SpecReason(StepRule):
     """
 
     name = "specreason"
+    needs_extend = True  # the judging turn runs on the row's own cache: one row at a time
 
     def __init__(self, tokenizer, threshold: float = 7.0, score: str = "average", instruction: str = INSTRUCTION,
                  token_rule: BaseRule | None = None, **veto) -> None:

@@ -13,16 +13,19 @@ from .segment import StepSegmenter
 
 
 class StepDrafter(ModelDrafter):
-    """Alternates two kinds of drafts:
+    """Alternates two kinds of drafts, per row of a batch:
 
     - `StepDraft`: one whole step (until a stop string or the cap), with the mean last-layer
       hidden state of the positions that emitted it (``pooled_hidden``) for the draft probe;
     - `StepTokensDraft`: ``token_k`` tokens, while the target writes a step itself (the first
       one, when ``target_first_step``, and every step after a rejection), until that step's break is
       emitted.
+
+    Rows draft together in one batched pass (each its own kind, cap and stop), so a row drafts what it
+    would draft alone.
     """
 
-    batching = "single"  # whole steps are drafted for one sequence at a time
+    batching = "rows"
 
     def __init__(self, model, segmenter: StepSegmenter, token_k: int = 5, target_first_step: bool = True,
                  confidence_threshold: float | None = None, eos_token_id: int | list[int] | None = None) -> None:
@@ -30,34 +33,53 @@ class StepDrafter(ModelDrafter):
         if token_k < 0:
             raise ValueError(f"token_k must be >= 0, got {token_k}")
         self.segmenter, self.token_k, self.target_first_step = segmenter, token_k, target_first_step
-        self.writing, self.step_start, self._last = "draft", 0, None
+        self.writing: list[str] = []  # per row: who writes its current step, "draft" or "target"
+        self.step_start: list[int] = []  # per row: where its current step starts in its sequence
+        self._last: list[Draft] = []
 
-    def reset(self, input_ids: torch.LongTensor) -> None:
-        super().reset(input_ids)
-        self.writing = "target" if self.target_first_step else "draft"  # who writes the current step
-        self.step_start = input_ids.shape[1]
+    def reset_rows(self, prompts: list[torch.LongTensor]) -> None:
+        super().reset_rows(prompts)
+        self.writing = ["target" if self.target_first_step else "draft"] * len(prompts)
+        self.step_start = [len(p) for p in prompts]
 
     def propose(self, input_ids: torch.LongTensor, k: int, sampler: Sampler,
                 generator: torch.Generator | None) -> Draft:
-        if self.writing == "target" and self.segmenter.contains_break(input_ids[0, self.step_start :].tolist()):
-            self.writing = "draft"  # the target finished its step: draft whole steps again
-        if self.writing == "target":
-            tokens = self.draft_tokens(input_ids, min(self.token_k, k), sampler, generator)[0]
-            draft: Draft = StepTokensDraft(tokens.tokens, tokens.probs)
-        else:
-            cap = min(k, self.segmenter.max_step_tokens)
-            tokens, hidden = self.draft_tokens(input_ids, cap, sampler, generator, stop=self.segmenter.ends_step,
-                                               keep_hidden=True)
-            pooled = hidden.mean(dim=1) if hidden is not None else None
-            draft = StepDraft(tokens.tokens, tokens.probs, pooled_hidden=pooled)
-            self.step_start = input_ids.shape[1]
-        self._last = draft
-        return draft
+        return self.propose_rows([input_ids[0]], [k], sampler, [generator]).row(0)
 
-    def commit(self, n_accepted: int, next_token: torch.LongTensor, target_hidden=None) -> None:
-        super().commit(n_accepted, next_token, target_hidden)
-        if isinstance(self._last, StepDraft) and self._last.length:
-            if n_accepted == self._last.length:
-                self.step_start += self._last.length  # the target's bonus token opens the next step
+    def propose_rows(self, sequences: list[torch.LongTensor], ks: list[int], sampler: Sampler,
+                     generators: list) -> Draft:
+        for row, seq in enumerate(sequences):
+            if self.writing[row] == "target" and self.segmenter.contains_break(seq[self.step_start[row] :].tolist()):
+                self.writing[row] = "draft"  # the target finished its step: draft whole steps again
+        steps = [w == "draft" for w in self.writing]
+        caps = [min(k, self.segmenter.max_step_tokens) if step else min(self.token_k, k) for k, step in zip(ks, steps)]
+        draft, hidden = self.draft_rows(sequences, caps, sampler, generators,
+                                        stop=[self.segmenter.ends_step if step else None for step in steps],
+                                        keep_hidden=any(steps))
+        lengths = [0] * len(sequences) if draft.lengths is None else draft.lengths.tolist()
+        self._last = []
+        for row, (step, n) in enumerate(zip(steps, lengths)):
+            tokens, probs = draft.tokens[row : row + 1, :n], None if n == 0 else draft.probs[row : row + 1, :n]
+            if step:
+                pooled = hidden[row : row + 1, :n].mean(dim=1) if hidden is not None and n else None
+                self._last.append(StepDraft(tokens, probs, pooled_hidden=pooled))
+                self.step_start[row] = len(sequences[row])
             else:
-                self.writing = "target"  # rejected: the target writes this step, starting at step_start
+                self._last.append(StepTokensDraft(tokens, probs))
+        return Draft(draft.tokens, draft.probs, lengths=torch.tensor(lengths, device=draft.tokens.device),
+                     rows=list(self._last))
+
+    def commit_rows(self, accepted: list[int], next_tokens: torch.LongTensor, target_hidden=None) -> None:
+        super().commit_rows(accepted, next_tokens, target_hidden)
+        for row, (last, n) in enumerate(zip(self._last, accepted)):
+            if isinstance(last, StepDraft) and last.length:
+                if n == last.length:
+                    self.step_start[row] += last.length  # the target's bonus token opens the next step
+                else:
+                    self.writing[row] = "target"  # rejected: the target writes this step, from step_start
+
+    def keep_rows(self, rows: list[int]) -> None:
+        super().keep_rows(rows)
+        self.writing = [self.writing[i] for i in rows]
+        self.step_start = [self.step_start[i] for i in rows]
+        self._last = [self._last[i] for i in rows]

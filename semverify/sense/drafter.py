@@ -28,7 +28,7 @@ class RetrievalDrafter(BaseDrafter):
     a 1.5B forward over 64 tokens costs 1.7x one over 1 token on 2 CPU cores).
     """
 
-    batching = "single"  # its drafts are trees, verified for one row at a time
+    batching = "copies"  # one copy per row of a batch: its query and dynamic store are the row's own
 
     def __init__(self, datastore: Datastore | None = None, num_candidates: int = 10, lexical: bool = True,
                  semantic: bool = True, max_ngram: int = 8, lexical_weight: float = 1.0,

@@ -12,7 +12,7 @@ from scipy.stats import chisquare
 
 from semverify import Sampler, SpeculativeSampling, Verdict, generate
 from semverify.cache import RowCache
-from semverify.drafters import ModelDrafter, PromptLookupDrafter
+from semverify.drafters import HybridDrafter, ModelDrafter, ModelTreeDrafter, PromptLookupDrafter
 from semverify.loop import speculative_generate
 from semverify.registry import get_rule
 from semverify.rules import prefix_mask
@@ -33,7 +33,9 @@ def prompts(seed: int, lengths=(7, 12, 3, 9)) -> list[torch.Tensor]:
 
 
 DRAFTS = {"draft model": lambda draft: dict(assistant_model=draft), "prompt lookup": lambda draft: dict(
-    prompt_lookup_num_tokens=3), "none": lambda draft: {}}
+    prompt_lookup_num_tokens=3), "none": lambda draft: {},
+    "draft tree": lambda draft: dict(drafter=ModelTreeDrafter(draft, budget=8, branch=2, threshold=1.0)),
+    "hybrid": lambda draft: dict(drafter=HybridDrafter(ModelDrafter(draft), PromptLookupDrafter(3)))}
 
 
 @pytest.mark.parametrize("seed", [0, 1])
@@ -85,7 +87,34 @@ def test_each_row_logs_the_substitutions_it_logs_alone():
     assert [r.substitutions for r in batch.rows] == alone and any(alone)
 
 
-@pytest.mark.parametrize("drafting", ["draft model", "prompt lookup"])
+@pytest.mark.parametrize("rule", ["greedy", "typical"])
+def test_a_batch_of_trees_keeps_each_rows_accepted_branch(rule):
+    """A draft that often agrees with the target (the target with a perturbed output layer), so accepted
+    branches of different lengths are moved into place row by row; every row still writes what it writes
+    alone, and (lossless) what transformers writes."""
+    target, draft = tiny_model(0, vocab=64, init_std=0.3), tiny_model(0, vocab=64, init_std=0.3)
+    with torch.no_grad():
+        noise = torch.randn(draft.lm_head.weight.shape, generator=torch.Generator().manual_seed(0))
+        draft.lm_head.weight += 0.1 * noise
+    rows = [r % 64 for r in prompts(5)]
+    ids, mask = left_padded(rows)
+    trees = []
+    drafter = ModelTreeDrafter(draft, budget=8, branch=2, threshold=1.0)
+    out, stats = speculative_generate(target, ids, attention_mask=mask, drafter=drafter, rule=get_rule(rule), k=4,
+                                      max_new_tokens=30, pad_token_id=0,
+                                      on_step=lambda e: trees.append(sum(r.is_tree for r in e.draft.rows or [])))
+    assert max(trees) > 1 and stats.accepted > stats.steps  # several trees in one forward; branches kept
+    if rule == "greedy":  # lossless; typical is lossy, so only its rows alone say what it should write
+        assert torch.equal(out, target.generate(ids, attention_mask=mask, max_new_tokens=30, do_sample=False,
+                                                pad_token_id=0))
+    for row, prompt in enumerate(rows):
+        alone, _ = speculative_generate(target, prompt[None], drafter=ModelTreeDrafter(draft, budget=8, branch=2,
+                                                                                       threshold=1.0),
+                                        rule=get_rule(rule), k=4, max_new_tokens=30)
+        assert torch.equal(out[row, ids.shape[1]:], alone[0, len(prompt):])
+
+
+@pytest.mark.parametrize("drafting", ["draft model", "prompt lookup", "draft tree", "hybrid"])
 def test_sampled_rows_draw_what_they_draw_alone(drafting):
     target, draft = tiny_model(4, arch="llama"), tiny_model(14, arch="llama")
     rows = prompts(4)
@@ -115,16 +144,18 @@ class AcceptEverything(SpeculativeSampling):
         return Verdict(n, sample_from(x.target_probs[:, -1], x.generator), {"ratio": prefix_mask(n, x.k)})
 
 
-def row_fit(target, draft, rule, copies: int = 6, calls: int = 250) -> list[float]:
+def row_fit(target, draft, rule, copies: int = 6, calls: int = 250, tree: bool = False) -> list[float]:
     """Chi-square p-values, one per prompt of ROWS, of sampled two-token continuations decoded in
-    batches of ``copies`` copies of each prompt, against the exact distribution of that prompt."""
+    batches of ``copies`` copies of each prompt (``tree``: each row drafting a token tree), against the
+    exact distribution of that prompt."""
     sampler = Sampler(True, 1.0)
     batch = [r for r in ROWS for _ in range(copies)]
     ids, mask = left_padded(batch)
     counts = torch.zeros(len(ROWS), V * V)
     streams = [torch.Generator().manual_seed(row) for row in range(len(batch))]
     for _ in range(calls):
-        out, _ = speculative_generate(target, ids, attention_mask=mask, drafter=ModelDrafter(draft), rule=rule,
+        drafter = ModelTreeDrafter(draft, budget=4, branch=2, threshold=1.0) if tree else ModelDrafter(draft)
+        out, _ = speculative_generate(target, ids, attention_mask=mask, drafter=drafter, rule=rule,
                                       k=2, max_new_tokens=2, sampler=sampler, generator=streams)
         for row in range(len(batch)):
             counts[row // copies, out[row, -2] * V + out[row, -1]] += 1
@@ -145,6 +176,11 @@ def test_every_row_of_a_sampled_batch_follows_the_target():
     target, draft = tiny_model(0, vocab=V, init_std=0.5), tiny_model(1, vocab=V, init_std=0.5)
     assert min(row_fit(target, draft, SpeculativeSampling())) > 1e-3
     assert max(row_fit(target, draft, AcceptEverything())) < 1e-6  # the negative control is caught
+
+
+def test_every_row_of_a_sampled_batch_of_trees_follows_the_target():
+    target, draft = tiny_model(0, vocab=V, init_std=0.5), tiny_model(1, vocab=V, init_std=0.5)
+    assert min(row_fit(target, draft, SpeculativeSampling(), calls=150, tree=True)) > 1e-3
 
 
 def test_row_cache_holes_and_packing_keep_what_each_row_attends_to():

@@ -131,12 +131,18 @@ def test_every_drafter_gives_the_target_alone_token_for_token(wide, sampler):
     assert all(accepted.values()), accepted  # drafts were kept, so the identity is not vacuous
 
 
-def test_coupled_batch_rows_equal_their_rows_alone(wide):
+BATCH_DRAFTERS = {"draft model": lambda draft: dict(assistant_model=draft),
+                  "draft tree": lambda draft: dict(drafter=ModelTreeDrafter(draft, budget=8, branch=2, threshold=1.0)),
+                  "hybrid": lambda draft: dict(drafter=HybridDrafter(ModelDrafter(draft), PromptLookupDrafter(2)))}
+
+
+@pytest.mark.parametrize("drafting", list(BATCH_DRAFTERS))
+def test_coupled_batch_rows_equal_their_rows_alone(wide, drafting):
     target, draft = wide
     ids = torch.tensor([[0, 5, 9, 4, 7], [3, 1, 4, 1, 5]])
     noises = [CoupledNoise(11), CoupledNoise(12)]
-    out = generate(target, ids, assistant_model=draft, do_sample=True, temperature=0.8, max_new_tokens=20,
-                   generator=noises, attention_mask=torch.ones_like(ids))
+    out = generate(target, ids, do_sample=True, temperature=0.8, max_new_tokens=20, generator=noises,
+                   attention_mask=torch.ones_like(ids), **BATCH_DRAFTERS[drafting](draft))
     for row in range(2):
         alone, _ = coupled(target, NoDrafter(), seed=11 + row, tokens=20, ids=ids[row : row + 1])
         assert torch.equal(out[row, : alone.shape[1]], alone[0])

@@ -87,9 +87,20 @@ def test_two_drafters_at_once(target):
         generate(target, IDS, assistant_model=target, prompt_lookup_num_tokens=3, max_new_tokens=4)
 
 
-def test_tree_drafts_need_batch_size_one(target):
+def test_one_sequence_drafters_and_rules_that_extend_need_batch_size_one(target):
+    class OneSequence(TreeDrafter):
+        batching = "single"
+
+    class Asks(SpeculativeSampling):
+        name, needs_extend = "asks", True
+
+    batch = torch.arange(10).reshape(2, 5)
     with pytest.raises(NotImplementedError, match="batch size 1"):
-        generate(target, torch.arange(10).reshape(2, 5), drafter=TreeDrafter(), max_new_tokens=4)
+        generate(target, batch, drafter=OneSequence(), max_new_tokens=4)
+    with pytest.raises(ValueError, match="rule 'asks' asks the target.*batch size 1"):
+        generate(target, batch, rule=Asks(), max_new_tokens=4)
+    generate(target, batch, drafter=TreeDrafter(), max_new_tokens=4)  # trees batch: one tree per row
+    generate(target, batch[:1], rule=Asks(), max_new_tokens=4)
 
 
 def test_sampled_trees_need_a_rule_that_samples_trees(target):

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from semverify import get_rule, speculative_generate
+from semverify import Sampler, get_rule, speculative_generate
 from semverify.registry import DraftResources, make_drafter
 from semverify.semanticspec import (
     SemanticProbe,
@@ -188,3 +188,79 @@ def test_rejecting_every_step_under_coupled_sampling_is_coupled_target_decoding(
                                           max_new_tokens=40, sampler=sampler, generator=CoupledNoise(seed))
         assert torch.equal(out, expected)
         assert stats.reasons["step_rejected"] > 0 and stats.reasons["step"] == 0
+
+
+STEP_PROMPTS = ["Question: what is 2 + 2?", "Q: 7 * 6 =", "Tom has 3 apples and buys 4 more. How many?"]
+
+
+def step_batch():
+    """The step prompts as a left-padded batch, with each row's own ids."""
+    rows = [TOK(p, return_tensors="pt").input_ids[0] for p in STEP_PROMPTS]
+    width = max(len(r) for r in rows)
+    ids = torch.stack([torch.cat([torch.zeros(width - len(r), dtype=torch.long), r]) for r in rows])
+    mask = (torch.arange(width)[None, :] >= torch.tensor([width - len(r) for r in rows])[:, None]).long()
+    return rows, ids, mask
+
+
+def step_drafter(draft, first: bool = False) -> StepDrafter:
+    return StepDrafter(draft, StepSegmenter(TOK, stops=("\ufffd", " ", "e"), max_step_tokens=6), token_k=3,
+                       target_first_step=first)
+
+
+@pytest.mark.parametrize("name", [n for n in reject_everything() if not n.startswith("specreason")])
+def test_a_batch_rejecting_every_step_is_batched_target_decoding(name):
+    rule = reject_everything()[name]
+    target, draft = tiny_model(0, arch="llama", vocab=len(TOK)), tiny_model(20, arch="llama", vocab=len(TOK))
+    _, ids, mask = step_batch()
+    expected = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=40, pad_token_id=0)
+    out, stats = speculative_generate(target, ids, attention_mask=mask, drafter=step_drafter(draft), rule=rule, k=6,
+                                      max_new_tokens=40, pad_token_id=0)
+    assert torch.equal(out, expected)
+    assert stats.reasons["step_rejected"] > 0 and stats.reasons["step"] == 0
+
+
+def accepting_rules():
+    """Step rules that accept some steps and reject others on the tiny pair."""
+    pair = {"pair": "tiny"}
+    torch.manual_seed(0)  # the probes' initial weights
+    probes = dict(draft_probe=SemanticProbe(32, width=4, meta=pair), target_probe=SemanticProbe(32, width=4, meta=pair))
+    return {"semanticspec": get_rule("semanticspec", r_min=0.0, **probes),
+            "step_likelihood": StepLikelihood(min_mean_logprob=-4.6)}
+
+
+@pytest.mark.parametrize("name", list(accepting_rules()))
+@pytest.mark.parametrize("first", [False, True])
+def test_a_batch_of_step_drafts_writes_what_each_row_writes_alone(name, first):
+    """Rows switch between whole steps and step tokens on their own; each draws from its own stream."""
+    rule = accepting_rules()[name]
+    target = tiny_model(0, vocab=len(TOK), init_std=0.3)
+    draft = tiny_model(0, vocab=len(TOK), init_std=0.3, layers=1)
+    rows, ids, mask = step_batch()
+    streams = lambda: [torch.Generator().manual_seed(40 + r) for r in range(len(rows))]  # noqa: E731
+    sampler = Sampler(True, 0.7)
+    out, stats = speculative_generate(target, ids, attention_mask=mask, drafter=step_drafter(draft, first), rule=rule,
+                                      k=6, max_new_tokens=40, pad_token_id=0, sampler=sampler, generator=streams())
+    assert stats.reasons["step"] > 0 and stats.reasons["step_rejected"] > 0, dict(stats.reasons)
+    for row, (prompt, stream) in enumerate(zip(rows, streams())):
+        alone, _ = speculative_generate(target, prompt[None], drafter=step_drafter(draft, first), rule=rule, k=6,
+                                        max_new_tokens=40, sampler=sampler, generator=stream)
+        assert torch.equal(out[row, ids.shape[1] : ids.shape[1] + alone.shape[1] - len(prompt)],
+                           alone[0, len(prompt):])
+
+
+def test_a_coupled_batch_rejecting_every_step_is_coupled_target_decoding():
+    from semverify import NoDrafter
+    from semverify.coupling import CoupledNoise
+
+    target, draft = tiny_model(0, arch="llama", vocab=len(TOK)), tiny_model(20, arch="llama", vocab=len(TOK))
+    rows, ids, mask = step_batch()
+    sampler = Sampler(True, 0.8)
+    out, stats = speculative_generate(target, ids, attention_mask=mask, drafter=step_drafter(draft),
+                                      rule=StepLikelihood(min_mean_logprob=0.1), k=6, max_new_tokens=30,
+                                      pad_token_id=0, sampler=sampler,
+                                      generator=[CoupledNoise(7, r) for r in range(len(rows))])
+    assert stats.reasons["step_rejected"] > 0
+    for row, prompt in enumerate(rows):
+        alone, _ = speculative_generate(target, prompt[None], drafter=NoDrafter(), rule=get_rule("speculative"), k=6,
+                                        max_new_tokens=30, sampler=sampler, generator=CoupledNoise(7, row))
+        assert torch.equal(out[row, ids.shape[1] : ids.shape[1] + alone.shape[1] - len(prompt)], alone[0, len(prompt):])

@@ -131,6 +131,30 @@ def test_retrieval_drafting_with_exact_verification_equals_greedy(tiny_store, le
         assert stats.drafted > 0
 
 
+@pytest.mark.parametrize("rule", ["greedy", "sense"])
+def test_a_batch_retrieves_and_verifies_a_trie_per_row(tiny_store, rule):
+    """Each row keeps its own query and dynamic store and writes what it writes alone (and, verified
+    exactly, what greedy decoding writes), though the rows' tries share one forward."""
+    model, tok, store, _ = tiny_store
+    texts = [tok.apply_chat_template([{"role": "user", "content": f"Question {i}"}], tokenize=False,
+                                     add_generation_prompt=True) + ANSWERS[i][: 12 + 5 * i] for i in range(3)]
+    rows = [tok(t, return_tensors="pt", add_special_tokens=False).input_ids[0] for t in texts]
+    width = max(len(r) for r in rows)
+    ids = torch.stack([torch.cat([torch.zeros(width - len(r), dtype=torch.long), r]) for r in rows])
+    mask = (torch.arange(width)[None, :] >= torch.tensor([width - len(r) for r in rows])[:, None]).long()
+    drafter = RetrievalDrafter(store, num_candidates=6)
+    out, stats = speculative_generate(model, ids, attention_mask=mask, drafter=drafter, rule=get_rule(rule), k=6,
+                                      max_new_tokens=30, pad_token_id=0)
+    assert stats.accepted > 0
+    if rule == "greedy":
+        expected = model.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=30, pad_token_id=0)
+        assert torch.equal(out, expected)
+    for row, prompt in enumerate(rows):
+        alone, _ = speculative_generate(model, prompt[None], drafter=RetrievalDrafter(store, num_candidates=6),
+                                        rule=get_rule(rule), k=6, max_new_tokens=30)
+        assert torch.equal(out[row, width:], alone[0, len(prompt):])
+
+
 def test_semantic_slots_put_hidden_state_candidates_in_the_tree(tiny_store):
     model, tok, store, _ = tiny_store
     prompt = tok.apply_chat_template([{"role": "user", "content": "Question 0"}], tokenize=False,
