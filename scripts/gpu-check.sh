@@ -5,6 +5,9 @@
 #   2. with the default pair (or TARGET/DRAFT: local folders or hub ids in the cache), float32 greedy exactness
 #      of sd, pld and sd_tree against vanilla on 5 GSM8K problems;
 #   3. the speed table at batch 1 (bf16) and total tokens/s at batch sizes 1..32 (vanilla against sd).
+# Where the pair's weights do not load but its configurations are in CONFIGS (folders target/ and draft/ with
+# config.json), steps 2-3 are replaced by scripts/gpu_shapes.py: forward-cost curves, the planner's draft length
+# and the target alone's batch throughput on random weights of the same shapes (costs only, no acceptance).
 # Usage: bash scripts/gpu-check.sh [OUT]   (OUT defaults to $OUT, else runs/gpu-check)
 # It uses the python3 that holds a CUDA torch (PYTHON=... to choose another) and installs semverify into
 # it without dependencies or network; steps 2-3 are skipped, and say so, where the models do not load.
@@ -25,7 +28,9 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader ||
 "$py" -c "import torch, transformers as t; print(torch.__version__, torch.version.cuda, t.__version__)"
 "$py" -c "import torch; raise SystemExit(0 if torch.cuda.is_available() else 1)" || {
   echo "no CUDA device visible to $py: nothing to check"; exit 1; }
-"$py" -m pip install -q --no-deps --no-index --no-build-isolation -e . || { echo "installing semverify failed"; exit 1; }
+"$py" -m pip install -q --no-deps --no-index --no-build-isolation -e . 2>/dev/null || {
+  echo "semverify could not be installed here: importing it from the checkout (PYTHONPATH)"
+  export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"; }
 semverify=("$py" -m semverify.cli)
 
 step "1. device tests"
@@ -33,7 +38,13 @@ step "1. device tests"
 
 step "2. float32 greedy exactness on the pair ($target, $draft)"
 if ! "$py" -c "from semverify.models import load_tokenizer; load_tokenizer('$target'); load_tokenizer('$draft')"; then
-  echo "the models do not load here: steps 2 and 3 skipped"; exit $status
+  if [ -n "${CONFIGS:-}" ]; then
+    step "2-3. the pair's shapes on random weights (forward costs, planned draft length, batch throughput)"
+    "$py" scripts/gpu_shapes.py "$CONFIGS/target" "$CONFIGS/draft" "$out/shapes.json" --device cuda || status=1
+  else
+    echo "the models do not load here: steps 2 and 3 skipped"
+  fi
+  exit $status
 fi
 "${semverify[@]}" compare --target "$target" --draft "$draft" --device cuda --dtype float32 \
   --methods vanilla,sd,pld,sd_tree --limit 5 --max-new-tokens 128 --out "$out/exact" --no-report || status=1

@@ -34,7 +34,7 @@ def test_greedy_float32_equals_generate_on_the_device(drafting):
     assert out.spec_stats.new_tokens == 24
 
 
-@pytest.mark.parametrize("drafting", ["draft model", "prompt lookup", "none"])
+@pytest.mark.parametrize("drafting", list(DRAFTING))
 def test_greedy_float32_batch_equals_generate_on_the_device(drafting):
     target, draft = pair(1)
     ids = torch.tensor([[0, 0, 0, 7, 2, 9, 4], [5, 1, 8, 2, 6, 3, 3], [0, 0, 0, 0, 0, 4, 4]], device="cuda")
@@ -61,3 +61,19 @@ def test_sampled_decoding_draws_from_a_generator_on_the_device():
     runs = [generate(target, ids, assistant_model=draft, do_sample=True, max_new_tokens=16,
                      generator=torch.Generator("cuda").manual_seed(4)) for _ in range(2)]
     assert runs[0].device.type == "cuda" and torch.equal(runs[0], runs[1])
+
+
+def test_a_batch_of_step_drafts_rejecting_every_step_is_target_decoding_on_the_device():
+    from semverify.semanticspec import StepDrafter, StepLikelihood, StepSegmenter
+    from tests.helpers import byte_tokenizer
+
+    tok = byte_tokenizer()
+    target, draft = (tiny_model(s, arch="llama", vocab=len(tok)).cuda() for s in (0, 20))
+    ids = torch.tensor([[0, 0, 5, 9, 4, 7], [3, 1, 4, 1, 5, 9]], device="cuda")
+    mask = (ids != 0).long()
+    drafter = StepDrafter(draft, StepSegmenter(tok, stops=(" ", "e"), max_step_tokens=6), token_k=3,
+                          target_first_step=False)
+    out = generate(target, ids, attention_mask=mask, drafter=drafter, rule=StepLikelihood(min_mean_logprob=0.1),
+                   num_assistant_tokens=6, max_new_tokens=20, pad_token_id=0)
+    expected = target.generate(ids, attention_mask=mask, max_new_tokens=20, do_sample=False, pad_token_id=0)
+    assert out.device.type == "cuda" and torch.equal(out, expected)
