@@ -75,21 +75,23 @@ def pins(data: Path | None, methods: list[Method], rules: dict[str, BaseRule], d
     return {"data": {str(data): file_sha256(data)} if data is not None else {}, "methods": per_method}
 
 
-def recorded_dtypes(out: Path) -> dict | None:
-    """The per-role dtypes a run in ``out`` started with (None: no run there yet, or one from before they were
-    recorded)."""
+def recorded(out: Path, name: str) -> dict | None:
+    """A choice the run in ``out`` recorded when it started (``"dtypes"``, ``"accuracy"``); None when there is
+    no run there yet, or it did not record that choice."""
     path = out / "run.json"
-    return json.loads(path.read_text()).get("dtypes") if path.exists() else None
+    return json.loads(path.read_text()).get(name) if path.exists() else None
 
 
 def prepare_run(out: Path, settings: RunSettings, methods: list[Method], pinned: dict, pending: set[str],
-                rank: int = 0, repin: bool = False, dtypes: dict | None = None) -> None:
+                rank: int = 0, repin: bool = False, records: dict | None = None) -> None:
     """Check this run against the folder's ``run.json``; rank 0 writes it (new folder) or records the
     resume. Refused: other settings, another definition of a method the run has, and a file whose
     content changed, for the data or for a method in ``pending`` (with problems left to run); with
     ``repin`` a method's changed file (a datastore rebuilt on another machine) is accepted and recorded.
-    Methods the run does not have yet are added (same problems and seeds, so they pair with the rows). A new
-    run records ``dtypes``, the dtype each role's model loads in (`evals.runner.model_dtypes`)."""
+    Methods the run does not have yet are added (same problems and seeds, so they pair with the rows), and
+    so are further samples (``samples`` may grow: the rows of the first samples stay what they were).
+    ``records`` are choices made when the run started (the dtype of each role's model, the accuracy mode's
+    batch size): written into a new run.json, and into an old one that lacks them."""
     path = out / "run.json"
     if rank != 0:  # shards check against what rank 0 wrote
         for _ in range(600):
@@ -100,12 +102,14 @@ def prepare_run(out: Path, settings: RunSettings, methods: list[Method], pinned:
             raise ValueError(f"{path} did not appear: the rank-0 process of this run has not started it")
     spec = {"settings": asdict(settings), "methods": [m.to_dict() for m in methods]}
     if not path.exists():
-        record = {**spec, "pins": pinned, "environment": environment(**asdict(settings))}
-        _write_json(path, record if dtypes is None else {**record, "dtypes": dtypes})
+        _write_json(path, {**spec, "pins": pinned, "environment": environment(**asdict(settings)), **(records or {})})
         return
     old = json.loads(path.read_text())
     # settings added to semverify after a run started are unset (None) in its resume
     current = {k: v for k, v in spec["settings"].items() if not (v is None and k not in old["settings"])}
+    grown = (current.get("samples") or 1) > (old["settings"].get("samples") or 1)
+    if grown:  # more samples per problem: the earlier samples' rows keep their seeds
+        current["samples"], more_samples = old["settings"].get("samples"), current["samples"]
     known = {m["name"]: Method.from_record(m).to_dict() for m in old["methods"]}
     changed = [m["name"] for m in spec["methods"] if m["name"] in known and known[m["name"]] != m]
     if old["settings"] != current or changed:
@@ -133,6 +137,11 @@ def prepare_run(out: Path, settings: RunSettings, methods: list[Method], pinned:
               f"with code {code}", file=sys.stderr)
     old["pins"] = {"data": {**before["data"], **pinned["data"]},
                    "methods": {**before["methods"], **pinned["methods"]}}
+    old.update({name: value for name, value in (records or {}).items() if name not in old})
+    if grown:
+        old["settings"]["samples"] = more_samples
+        old.setdefault("samples_grown", []).append({"samples": more_samples,
+                                                     "environment": environment(**asdict(settings))})
     added = [m for m in spec["methods"] if m["name"] not in known]
     if added:
         old["methods"] += added

@@ -28,6 +28,7 @@ def markdown(summary: dict) -> str:
         draft += f", datastore `{s['datastore']}`"
     speedup = (f"ratio of total tokens/s (batches of {s['batch_size']}: a problem's own time includes its batch's)"
                if summary.get("batched") else "median per-problem tokens/s ratio")
+    untimed = "accuracy" in run and not summary.get("timed")
     lines = [
         f"# {s['benchmark']} comparison: {summary['problems']} problems",
         "",
@@ -38,6 +39,7 @@ def markdown(summary: dict) -> str:
         f"- accuracy with 95% Wilson intervals; speedup = {speedup} vs `{summary['reference']}`; p = exact McNemar "
         f"test (paired, two-sided) on {summary['grader']}; at cap = outputs that reached the "
         f"{s['max_new_tokens']}-token cap (a rule that makes the model ramble shows here)",
+        *_accuracy_mode(summary),
         "",
         "| method | lossless | " + " | ".join(g.replace("_", "-") for g in summary["graders"])
         + " | tau | alpha | tok/s | speedup | at cap | wall (s) | " + " | ".join(f"p vs {o}" for o in summary["paired"])
@@ -50,17 +52,32 @@ def markdown(summary: dict) -> str:
         ps = [f"{m['paired'][o]['p_value']:.3f}" if o in m["paired"] else "-" for o in summary["paired"]]
         lossless = {True: "yes", False: "no", None: "?"}[m["lossless"]]
         lines.append(f"| {name} | {lossless} | {' | '.join(accs)} | {m['tau']:.2f} | "
-                     f"{alpha} | {m['tok_s_median']:.2f} | {_speedup(m)} | {m['at_cap']} | {m['wall_s']:.0f} | "
+                     f"{alpha} | {'-' if untimed else format(m['tok_s_median'], '.2f')} | {_speedup(m)} | "
+                     f"{m['at_cap']} | {m['wall_s']:.0f} | "
                      + " | ".join(ps) + " |")
     partial = [(f"- speedup of `{name}` over {m['speedup_problems']} of {summary['problems']} problems: on the "
                 f"others its row and `{summary['reference']}`'s ran on different machines") if m["speedup_problems"]
                else (f"- no speedup for `{name}` (nor a point in the plot): none of its rows ran on the machine of "
                      f"`{summary['reference']}`'s row for the same problem")
-               for name, m in summary["methods"].items() if m["speedup_problems"] < summary["problems"]]
+               for name, m in summary["methods"].items()
+               if m["speedup_problems"] < (summary.get("timed") or {}).get("problems", summary["problems"]) and not untimed]
     return "\n".join(lines + ([""] + partial if partial else []) + _cap_regraded(summary) + _by_machine(summary)
                      + _time_per_step(summary)
                      + _identical(summary) + _lossless_differences(summary) + _differences(summary)
                      + _groups(summary) + _rule_events(summary)) + "\n"
+
+
+def _accuracy_mode(summary: dict) -> list[str]:
+    """For an accuracy-mode run: what its accuracy and its speeds are measured over, each with its n."""
+    run = summary["run"]
+    if "accuracy" not in run:
+        return []
+    s, timed = run["settings"], summary.get("timed")
+    samples = s.get("samples") or 1
+    speed = (f"speed over the {timed['problems']} problems of its timed pass (`timed/`, one at a time, "
+             f"{timed['dtype']})" if timed else "no speed (untimed rows; `--timed N` adds a timed pass)")
+    return [f"- accuracy mode: accuracy over {summary['problems']} problems x {samples} sample(s) ({s['dtype']}, "
+            f"batches of {s.get('batch_size') or 1}: {run['accuracy']['why']}); {speed}"]
 
 
 def _cap_regraded(summary: dict) -> list[str]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,7 @@ from semverify.rules import BaseRule
 from semverify.sense import Datastore
 
 from .benchmarks import Benchmark, Problem, get_benchmark
-from .provenance import RunSettings, pins, prepare_run, recorded_dtypes
+from .provenance import RunSettings, pins, prepare_run, recorded
 from .rows import RowWriter, read_rows, row_key
 
 
@@ -66,10 +67,11 @@ class CheckedRun:
         context = settings.context(tokenizer)  # rules that write prompts need the tokenizer
         loaded = load_method_rules(methods, configs, context, only)  # each rule built once, kept for the run
         chosen = [m for m, _ in loaded]
-        unbatched = [m.name for m in chosen if (settings.batch_size or 1) > 1 and not drafter_kind(m.drafter).batches]
+        unbatched = one_at_a_time(loaded) if (settings.batch_size or 1) > 1 else []
         if unbatched:
-            raise ValueError(f"methods {', '.join(unbatched)} draft for one sequence at a time (whole steps, "
-                             "retrieval trees); run them without --batch-size")
+            raise ValueError(f"methods {', '.join(unbatched)} decode one problem at a time (a drafter of one "
+                             "sequence, or a rule that asks the target more about each draft); run them without "
+                             "--batch-size")
         storeless = [m.name for m in chosen if m.retrieves and m.datastore(settings.datastore) is None]
         if storeless:
             raise ValueError(f"methods {', '.join(storeless)} draft by retrieval and need --datastore FILE "
@@ -79,6 +81,12 @@ class CheckedRun:
             if not Path(path).is_file():
                 raise FileNotFoundError(f"datastore not found: {path}")
         return cls(settings, chosen, bench, problems, tokenizer, {m.name: rule for m, rule in loaded}, device)
+
+
+def one_at_a_time(loaded: list[tuple[Method, BaseRule]]) -> list[str]:
+    """The methods that cannot decode a batch: their drafter drafts one sequence, or their rule asks the
+    target more about each draft on one row's cache (specreason)."""
+    return [m.name for m, rule in loaded if not drafter_kind(m.drafter).batches or rule.needs_extend]
 
 
 def refuse_int8_off_cpu(int8_methods: list[str], device: str) -> None:
@@ -97,9 +105,11 @@ def shard_info() -> tuple[int, int]:
     return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
 
 
-def compare(run: CheckedRun, out: str | Path, repin: bool = False) -> Path:
+def compare(run: CheckedRun, out: str | Path, repin: bool = False, records: dict | None = None,
+            timed: bool = True) -> Path:
     """Run ``run``'s methods on its problems, appending rows to ``out``; returns the run folder
-    (``repin``: resume although a method's pinned file changed, see `evals.provenance.prepare_run`)."""
+    (``repin``: resume although a method's pinned file changed, see `evals.provenance.prepare_run`; ``records``:
+    choices to keep in run.json beside the dtypes; ``timed=False``: rows marked untimed, as accuracy mode's)."""
     out, settings = Path(out), run.settings
     rank, world = shard_info()
     out.mkdir(parents=True, exist_ok=True)
@@ -109,9 +119,10 @@ def compare(run: CheckedRun, out: str | Path, repin: bool = False) -> Path:
                 for m in (run.methods if p.id % 2 == 0 else run.methods[::-1]) if (p.id, m.name, sample) not in done]
         pinned = pins(run.benchmark.source_file(settings.data), run.methods, run.rules, settings.datastore)
         dtypes = None if rank else model_dtypes(run, out)  # rank 0 chooses; the others read its choice
-        prepare_run(out, settings, run.methods, pinned, {m.name for _, m in todo}, rank, repin, dtypes)
+        prepare_run(out, settings, run.methods, pinned, {m.name for _, m in todo}, rank, repin,
+                    None if rank else {"dtypes": dtypes, **(records or {})})
         if todo:
-            _run(run, todo, writer, rank, world, dtypes or model_dtypes(run, out))
+            _run(run, todo, writer, rank, world, dtypes or model_dtypes(run, out), timed)
     return out
 
 
@@ -119,9 +130,9 @@ def model_dtypes(run: CheckedRun, out: Path) -> dict:
     """The dtype per role ("target", "draft") the run's models load in: ``--dtype`` itself, or for ``fastest``
     the choice made when the run started (`semverify.models.choose_dtype`), which its ``run.json`` keeps for
     every resume so that all rows of a run share their dtypes; the choice says why, in seconds per token."""
-    recorded = recorded_dtypes(out)
-    if recorded is not None:
-        return recorded
+    chosen = recorded(out, "dtypes")
+    if chosen is not None:
+        return chosen
     settings = run.settings
     if settings.dtype != "fastest":
         return {"target": settings.dtype, "draft": settings.dtype}
@@ -148,7 +159,7 @@ def problem_seed(settings: RunSettings, work: Work) -> int:
 
 
 def _run(run: CheckedRun, todo: list[tuple[Work, Method]], writer: RowWriter, rank: int, world: int,
-         dtypes: dict) -> None:
+         dtypes: dict, timed: bool) -> None:
     settings, bench, tokenizer = run.settings, run.benchmark, run.tokenizer
     target, _ = load_model(settings.target, dtype=dtypes["target"], device=run.device)
     needs = set().union(*(m.needs for m in run.methods))
@@ -161,16 +172,18 @@ def _run(run: CheckedRun, todo: list[tuple[Work, Method]], writer: RowWriter, ra
               for path in {m.datastore(settings.datastore) for m in run.methods} - {None}}
     live: dict[str, list] = {}
     bar = tqdm(total=len(todo), desc=f"compare[{rank}]" if world > 1 else "compare", unit="run")
+    started = time.perf_counter()
     for work, method in batches(todo, settings.batch_size or 1):
         own = replace(resources, datastore=stores.get(method.datastore(settings.datastore)))
         for row in run_batch(work, method, run.rules[method.name], settings, target, tokenizer, own, bench):
-            writer.write(row)
+            writer.write(row if timed else {**row, "timed": False})
             acc, taus = live.setdefault(method.name, [[], []])
             acc.append(row["grades"][bench.main_grader])
             taus.append(row["tau"])
         bar.update(len(work))
-        bar.set_postfix_str(" ".join(f"{n}: acc={sum(a) / len(a):.2f} tau={sum(t) / len(t):.2f}"
-                                     for n, (a, t) in live.items()))
+        per_hour = bar.n * 3600 / max(time.perf_counter() - started, 1e-9)
+        bar.set_postfix_str(f"{per_hour:.0f} outputs/h " + " ".join(
+            f"{n}: acc={sum(a) / len(a):.2f} tau={sum(t) / len(t):.2f}" for n, (a, t) in live.items()))
     bar.close()
 
 

@@ -132,6 +132,28 @@ def summarise(run_dir: str | Path, reference: str = "vanilla", grader: str | Non
                 if other == reference and entry["lossless"]:
                     entry["paired"][other]["lossless_differences"] = lossless_differences(rs, theirs, ids)
         out["methods"][m.name] = entry
+    return _speed_from_timed_pass(out, run_dir, reference, grader, only) if "accuracy" in run else out
+
+
+SPEED = ("tok_s_median", "speedup_median", "speedup_total", "speedup", "speedup_problems", "speedup_by_machine")
+
+
+def _speed_from_timed_pass(out: dict, run_dir: Path, reference: str, grader: str, only: list[str] | None) -> dict:
+    """An accuracy-mode run's rows are untimed: its speeds are those of its timed pass (``OUT/timed``, batch 1)
+    over the problems that pass finished for every method, or none."""
+    folder = run_dir / "timed"
+    try:
+        timed = summarise(folder, reference, grader, only=only) if (folder / "run.json").is_file() else None
+    except ValueError:  # no timed problem has a row for every method yet
+        timed = None
+    untimed = {"tok_s_median": 0.0, "speedup_median": 0.0, "speedup_total": 0.0, "speedup": 0.0,
+               "speedup_problems": 0, "speedup_by_machine": {}}
+    for name, m in out["methods"].items():
+        source = timed["methods"].get(name) if timed else None
+        m.update({key: source[key] for key in SPEED} if source else untimed)
+    settings = timed["run"]["settings"] if timed else None
+    out["timed"] = {"problems": timed["problems"], "dtype": settings["dtype"]} if timed else None
+    out["batched"] = False  # speedups, where there are any, are batch-1 ratios
     return out
 
 

@@ -26,12 +26,14 @@ def names(text: str | None) -> list[str]:
     return [m.strip() for m in text.split(",") if m.strip()] if text else []
 
 
-def add_models(p: argparse.ArgumentParser, draft: bool = True, dtype: str = "bfloat16") -> None:
+def add_models(p: argparse.ArgumentParser, draft: bool = True, dtype: str | None = "bfloat16") -> None:
+    """--target, --draft and --dtype (``dtype`` None: the command picks the default, said in its help)."""
     p.add_argument("--target", default=DEFAULT_TARGET, help="alias, hub id, local folder or .gguf file")
     if draft:
         p.add_argument("--draft", default=DEFAULT_DRAFT, help="draft model (alias, hub id, folder or .gguf)")
+    default = f" (default {dtype})" if dtype else " (default bfloat16; float32 with --accuracy)"
     p.add_argument("--dtype", default=dtype, help="bfloat16, float32 (exact), ..., or fastest: per model, the dtype "
-                   "that decodes fastest on this machine (measured once, cached; the choice is recorded)")
+                   "that decodes fastest on this machine (measured once, cached; the choice is recorded)" + default)
 
 
 def add_device(p: argparse.ArgumentParser) -> None:
@@ -53,9 +55,9 @@ def train_examples(args: argparse.Namespace, tokenizer) -> list[tuple[str, str]]
     return get_benchmark("gsm8k").worked_examples(tokenizer, args.data, args.limit)
 
 
-def add_run_args(p: argparse.ArgumentParser, limit: int) -> None:
+def add_run_args(p: argparse.ArgumentParser, limit: int, dtype: str | None = "bfloat16") -> None:
     """The arguments of a compare run: models, problems, decoding, datastore and the run folder."""
-    add_models(p)
+    add_models(p, dtype=dtype)
     add_device(p)
     p.add_argument("--benchmark", default="gsm8k", help="gsm8k, math500 or humaneval")
     p.add_argument("--data", default="auto", help="'auto' (the shipped dev problems), 'sample', a jsonl path or 'hub'")

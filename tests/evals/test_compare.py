@@ -383,9 +383,9 @@ def test_a_batched_run_writes_the_rows_of_the_unbatched_one(tiny_checkpoint, tmp
     summary = json.loads((batched / "summary.json").read_text())
     assert summary["batched"] and summary["methods"]["vanilla"]["speedup"] == pytest.approx(1.0)
     assert "ratio of total tokens/s (batches of 2" in (batched / "report.md").read_text()
-    with pytest.raises(SystemExit, match="step_likelihood draft for one sequence at a time"):
+    with pytest.raises(SystemExit, match="specreason decode one problem at a time"):
         main(compare_args(tiny_checkpoint, tmp_path / "steps", extra=["--batch-size", "2", "--methods",
-                                                                       "step_likelihood"]))
+                                                                       "specreason"]))
 
 
 def test_time_per_step_in_units_of_the_reference_token_time():

@@ -1,0 +1,136 @@
+"""Accuracy mode (``compare --accuracy``): accuracy needs no timed rows, so a run decodes where the machine is
+fastest, many rows at once. The batch size is the one with the most total tokens/s for the target alone among
+those whose KV caches fit in the memory left, measured once when the run starts and kept by every resume."""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+from transformers import PreTrainedModel
+
+from semverify import NoDrafter, generate, load_model
+from semverify.clock import device_clock
+
+from .provenance import recorded
+from .runner import CheckedRun, compare, left_pad, model_dtypes, one_at_a_time
+
+CANDIDATES = (1, 4, 8, 16, 32, 64)
+HEADROOM = 0.75  # of the memory left, what the KV caches may take
+GAIN = 1.10  # a doubling of the batch is tried further only while it gains this much
+
+
+def available_memory(device: str | torch.device) -> int:
+    """Bytes free for new tensors: the accelerator's free memory, or MemAvailable of /proc/meminfo."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    with open("/proc/meminfo") as f:
+        fields = dict(line.split(":", 1) for line in f)
+    return int(fields["MemAvailable"].split()[0]) * 1024
+
+
+def kv_bytes_per_token(model: PreTrainedModel) -> int:
+    """Bytes one token of one row adds to ``model``'s KV cache (keys and values of every layer)."""
+    config = model.config.get_text_config()
+    heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return 2 * config.num_hidden_layers * heads * head_dim * model.dtype.itemsize
+
+
+def fitting(candidates: tuple[int, ...], row_bytes: int, free: int) -> list[int]:
+    """The candidate batch sizes whose caches (``row_bytes`` a row) fit in ``HEADROOM`` of ``free`` bytes (1 always)."""
+    return [b for b in candidates if b == 1 or b * row_bytes <= HEADROOM * free]
+
+
+def decode_rate(model: PreTrainedModel, prompts: list[list[int]], pad: int, new: int = 16) -> float:
+    """Total tokens/s of the target alone decoding ``prompts`` together: the time of ``4 + new`` tokens less that
+    of 4, so the prefill and the first steps' warm-up cancel out."""
+    ids, mask = (t.to(model.device) for t in left_pad(prompts, pad))
+    clock, seconds = device_clock(model.device), []
+    for n in (4, 4 + new):
+        start = clock()
+        generate(model, ids, attention_mask=mask if len(prompts) > 1 else None, drafter=NoDrafter(), max_new_tokens=n,
+                 do_sample=False, pad_token_id=pad, eos_token_id=None)
+        seconds.append(clock() - start)
+    return len(prompts) * new / max(seconds[1] - seconds[0], 1e-9)
+
+
+def measure_batch_size(run: CheckedRun, dtype: str, progress: bool = True) -> dict:
+    """Measure the target alone on the run's own prompts at each candidate size that fits, doubling while a
+    doubling gains ``GAIN``; returns the choice with its measurements and why."""
+    target, _ = load_model(run.settings.target, dtype=dtype, device=run.device)
+    tokenizer, settings, bench = run.tokenizer, run.settings, run.benchmark
+    prompts = [tokenizer(bench.prompt(tokenizer, p, settings.template)).input_ids for p in run.problems]
+    longest = max(map(len, prompts)) + settings.max_new_tokens
+    # a draft model's cache grows beside the target's: counted as the target's again, an upper bound
+    row_bytes = 2 * kv_bytes_per_token(target) * longest
+    free = available_memory(run.device)
+    sizes = fitting(CANDIDATES, row_bytes, free)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    measured: dict[int, float] = {}
+    for size in sizes:
+        started = time.perf_counter()
+        measured[size] = decode_rate(target, [prompts[i % len(prompts)] for i in range(size)], pad)
+        if progress:
+            print(f"semverify compare --accuracy: batch {size}: {measured[size]:.1f} tokens/s "
+                  f"({time.perf_counter() - started:.0f} s)", file=sys.stderr)
+        if len(measured) > 1 and measured[size] < GAIN * measured[sizes[sizes.index(size) - 1]]:
+            break
+    best = max(measured, key=measured.get)
+    left_out = [b for b in CANDIDATES if b not in sizes]
+    why = (f"the most total tokens/s of the target alone ({measured[best]:.1f}) among batch sizes "
+           f"{', '.join(map(str, measured))}" + (f"; {', '.join(map(str, left_out))} would not fit in memory "
+                                                 f"({free / 2**30:.1f} GiB free, {row_bytes / 2**20:.0f} MiB a row)"
+                                                 if left_out else ""))
+    del target
+    return {"batch_size": best, "measured_tok_s": {str(b): r for b, r in measured.items()}, "why": why,
+            "memory_free_bytes": free, "row_bytes": row_bytes}
+
+
+def choose_batch_size(run: CheckedRun, recorded: dict | None, dtype: str) -> dict:
+    """The accuracy record of a run: the one it started with (``recorded``, from run.json), else the batch size
+    given with ``--batch-size``, else one measured now."""
+    given = run.settings.batch_size
+    if recorded is not None:
+        if given is not None and given != recorded["batch_size"]:
+            raise ValueError(f"this run decodes batches of {recorded['batch_size']} ({recorded['why']}); resume it "
+                             f"with --batch-size {recorded['batch_size']} or none, or choose a new --out")
+        return recorded
+    if run.settings.batch_size is not None:
+        return {"batch_size": run.settings.batch_size, "why": "given with --batch-size"}
+    return measure_batch_size(run, dtype)
+
+
+def compare_for_accuracy(run: CheckedRun, out: str | Path, repin: bool = False, timed: int = 0,
+                         timed_dtype: str = "bfloat16") -> Path:
+    """Run ``run`` in accuracy mode into ``out``: batched at the recorded, given or measured batch size, rows
+    untimed; then, with ``timed``, its first ``timed`` problems at batch 1 in ``timed_dtype`` into ``OUT/timed``."""
+    out = Path(out)
+    unbatched = one_at_a_time([(m, run.rules[m.name]) for m in run.methods])
+    if unbatched:
+        raise ValueError(f"accuracy mode decodes every method in batches, but {', '.join(unbatched)} decode one "
+                         "problem at a time; run them without --accuracy")
+    choice = choose_batch_size(run, recorded(out, "accuracy"), model_dtypes(run, out)["target"])
+    print(f"semverify compare --accuracy: batch size {choice['batch_size']}: {choice['why']}", file=sys.stderr)
+    size = choice["batch_size"] if choice["batch_size"] > 1 else None
+    compare(replace(run, settings=replace(run.settings, batch_size=size)), out, repin, {"accuracy": choice},
+            timed=False)
+    if timed:
+        compare(timed_run(run, timed, timed_dtype), timed_folder(out), repin)
+    return out
+
+
+def timed_run(run: CheckedRun, problems: int, dtype: str) -> CheckedRun:
+    """The timed pass of an accuracy run: its first ``problems`` problems one at a time, one sample each, in
+    ``dtype``, with the same methods, rules and sampling settings (rows of its own, in ``OUT/timed``)."""
+    settings = replace(run.settings, limit=min(problems, len(run.problems)), batch_size=None, samples=None, dtype=dtype)
+    return replace(run, settings=settings, problems=run.problems[: settings.limit])
+
+
+def timed_folder(out: str | Path) -> Path:
+    """Where an accuracy run keeps its timed pass."""
+    return Path(out) / "timed"

@@ -1,0 +1,136 @@
+"""Accuracy mode: the batch size is chosen once from measurements that fit in memory and kept by every resume,
+rows are untimed, a timed pass at batch 1 gives the speedups, and runs grow samples without losing rows."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import evals.accuracy
+from evals.accuracy import fitting
+from evals.rows import read_rows
+from semverify.cli import main
+from tests.evals.test_compare import compare_args
+
+RATES = {1: 10.0, 4: 30.0, 8: 50.0, 16: 52.0, 32: 80.0, 64: 90.0}  # 16 gains under 10% on 8: the search stops there
+
+
+def fake_rates(measured: list[int]):
+    def rate(model, prompts, pad, new=16):
+        measured.append(len(prompts))
+        return RATES[len(prompts)]
+
+    return rate
+
+
+def refuse(*args, **kwargs):
+    raise AssertionError("measured again")
+
+
+def accuracy_args(checkpoint, out, extra=(), limit=4):
+    return compare_args(checkpoint, out, limit=limit, extra=["--accuracy", "--no-report", *extra])
+
+
+def test_the_batch_size_is_measured_once_recorded_and_kept_by_every_resume(tiny_checkpoint, tmp_path, monkeypatch):
+    measured = []
+    monkeypatch.setattr(evals.accuracy, "decode_rate", fake_rates(measured))
+    monkeypatch.setattr(evals.accuracy, "available_memory", lambda device: 1 << 40)
+    out = tmp_path / "run"
+    assert main(accuracy_args(tiny_checkpoint, out)) == 0
+    assert measured == [1, 4, 8, 16]
+    run = json.loads((out / "run.json").read_text())
+    assert run["accuracy"]["batch_size"] == 16 and run["settings"]["batch_size"] == 16  # the fastest measured
+    assert run["accuracy"]["measured_tok_s"] == {"1": 10.0, "4": 30.0, "8": 50.0, "16": 52.0}
+    assert "the most total tokens/s of the target alone (52.0) among batch sizes 1, 4, 8, 16" in run["accuracy"]["why"]
+    rows = read_rows(out)
+    assert len(rows) == 16 and all(r["timed"] is False and r["batch"]["size"] == 4 for r in rows)
+    monkeypatch.setattr(evals.accuracy, "decode_rate", refuse)
+    shard = out / "rows.rank0.jsonl"
+    shard.write_text("".join(shard.read_text().splitlines(keepends=True)[:5]))  # killed after five rows
+    assert main(accuracy_args(tiny_checkpoint, out)) == 0
+    assert len(read_rows(out)) == 16 and json.loads((out / "run.json").read_text())["accuracy"] == run["accuracy"]
+    with pytest.raises(SystemExit, match="this run decodes batches of 16"):  # another size would change the run
+        main(accuracy_args(tiny_checkpoint, out, ["--batch-size", "2"]))
+
+
+def test_memory_caps_the_sizes_measured(tiny_checkpoint, tmp_path, monkeypatch):
+    assert fitting((1, 4, 8, 16), row_bytes=100, free=1000) == [1, 4]  # 8 rows need 800 bytes, over 75% of 1000
+    assert fitting((1, 4), row_bytes=10_000, free=1000) == [1]  # one row is always tried
+    measured = []
+    monkeypatch.setattr(evals.accuracy, "decode_rate", fake_rates(measured))
+    row_bytes = []
+    real_fitting = evals.accuracy.fitting
+    monkeypatch.setattr(evals.accuracy, "fitting", lambda c, b, f: row_bytes.append(b) or real_fitting(c, b, f))
+    monkeypatch.setattr(evals.accuracy, "available_memory", lambda device: 0)
+    out = tmp_path / "run"
+    main(accuracy_args(tiny_checkpoint, out))
+    choice = json.loads((out / "run.json").read_text())["accuracy"]
+    assert measured == [1] and choice["batch_size"] == 1 and "4, 8, 16, 32, 64 would not fit" in choice["why"]
+    assert row_bytes[0] > 0 and choice["row_bytes"] == row_bytes[0]
+    assert json.loads((out / "run.json").read_text())["settings"]["batch_size"] is None  # one at a time
+
+
+def test_a_given_batch_size_is_not_measured_and_float32_is_the_default(tiny_checkpoint, tmp_path, monkeypatch):
+    monkeypatch.setattr(evals.accuracy, "decode_rate", refuse)
+    out = tmp_path / "run"
+    args = accuracy_args(tiny_checkpoint, out, ["--batch-size", "2"])
+    dtype = args.index("--dtype")
+    assert main(args[:dtype] + args[dtype + 2 :]) == 0
+    run = json.loads((out / "run.json").read_text())
+    assert run["accuracy"] == {"batch_size": 2, "why": "given with --batch-size"}
+    assert run["settings"]["dtype"] == "float32" and run["settings"]["batch_size"] == 2
+
+
+def test_a_plain_batched_run_resumes_in_accuracy_mode(tiny_checkpoint, tmp_path, monkeypatch):
+    monkeypatch.setattr(evals.accuracy, "decode_rate", refuse)
+    out = tmp_path / "run"
+    assert main(compare_args(tiny_checkpoint, out, limit=2, extra=["--batch-size", "2", "--no-report"])) == 0
+    assert "accuracy" not in json.loads((out / "run.json").read_text())
+    with pytest.raises(SystemExit, match="other settings"):  # --limit is a setting: same run, same problems
+        main(accuracy_args(tiny_checkpoint, out, ["--batch-size", "2"], limit=3))
+    assert main(accuracy_args(tiny_checkpoint, out, ["--batch-size", "2"], limit=2)) == 0
+    assert json.loads((out / "run.json").read_text())["accuracy"]["batch_size"] == 2
+
+
+def test_the_timed_pass_gives_the_speedups_and_the_report_labels_both(tiny_checkpoint, tmp_path, monkeypatch):
+    monkeypatch.setattr(evals.accuracy, "decode_rate", refuse)
+    out = tmp_path / "run"
+    assert main(accuracy_args(tiny_checkpoint, out, ["--batch-size", "2"])) == 0
+    from evals.report import report
+
+    untimed = report(out)
+    assert "accuracy mode: accuracy over 4 problems x 1 sample(s) (float32, batches of 2: given with --batch-size)" \
+        in untimed and "no speed (untimed rows" in untimed
+    assert main(accuracy_args(tiny_checkpoint, out, ["--batch-size", "2", "--timed", "2", "--timed-dtype",
+                                                     "float32"])) == 0
+    timed = json.loads((out / "timed" / "run.json").read_text())
+    assert timed["settings"]["limit"] == 2 and timed["settings"]["batch_size"] is None
+    timed_rows = read_rows(out / "timed")
+    assert len(timed_rows) == 8 and all("timed" not in r and "batch" not in r for r in timed_rows)
+    text = report(out)
+    assert "speed over the 2 problems of its timed pass (`timed/`, one at a time, float32)" in text
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["problems"] == 4 and summary["methods"]["sd"]["speedup_problems"] == 2
+    assert summary["methods"]["vanilla"]["speedup"] == pytest.approx(1.0)
+
+
+def test_accuracy_mode_refuses_what_cannot_batch_and_timed_needs_it(tiny_checkpoint, tmp_path):
+    with pytest.raises(SystemExit, match="--accuracy"):
+        main(compare_args(tiny_checkpoint, tmp_path / "a", extra=["--timed", "2"]))
+    with pytest.raises(SystemExit, match="specreason decode one problem at a time; run them without --accuracy"):
+        main(accuracy_args(tiny_checkpoint, tmp_path / "b", ["--methods", "vanilla,specreason"]))
+
+
+def test_samples_grow_on_resume_and_the_first_samples_keep_their_rows(tiny_checkpoint, tmp_path):
+    out = tmp_path / "run"
+    sampled = ["--do-sample", "--coupled", "--no-report", "--batch-size", "2"]
+    assert main(compare_args(tiny_checkpoint, out, limit=2, extra=sampled)) == 0
+    first = {(r["id"], r["method"], r.get("sample", 0)): r["output_ids"] for r in read_rows(out)}
+    assert main(compare_args(tiny_checkpoint, out, limit=2, extra=[*sampled, "--samples", "2"])) == 0
+    rows = {(r["id"], r["method"], r.get("sample", 0)): r["output_ids"] for r in read_rows(out)}
+    assert len(rows) == 2 * len(first) and all(rows[key] == ids for key, ids in first.items())
+    run = json.loads((out / "run.json").read_text())
+    assert run["settings"]["samples"] == 2 and run["samples_grown"][0]["samples"] == 2
+    with pytest.raises(SystemExit, match="other settings"):  # fewer samples than the run has: refused
+        main(compare_args(tiny_checkpoint, out, limit=2, extra=[*sampled, "--samples", "1"]))
