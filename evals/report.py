@@ -29,6 +29,7 @@ def markdown(summary: dict) -> str:
     speedup = (f"ratio of total tokens/s (batches of {s['batch_size']}: a problem's own time includes its batch's)"
                if summary.get("batched") else "median per-problem tokens/s ratio")
     untimed = "accuracy" in run and not summary.get("timed")
+    timed_problems = (summary.get("timed") or {}).get("problems", summary["problems"])
     lines = [
         f"# {s['benchmark']} comparison: {summary['problems']} problems",
         "",
@@ -59,8 +60,7 @@ def markdown(summary: dict) -> str:
                 f"others its row and `{summary['reference']}`'s ran on different machines") if m["speedup_problems"]
                else (f"- no speedup for `{name}` (nor a point in the plot): none of its rows ran on the machine of "
                      f"`{summary['reference']}`'s row for the same problem")
-               for name, m in summary["methods"].items()
-               if m["speedup_problems"] < (summary.get("timed") or {}).get("problems", summary["problems"]) and not untimed]
+               for name, m in summary["methods"].items() if m["speedup_problems"] < timed_problems and not untimed]
     return "\n".join(lines + ([""] + partial if partial else []) + _cap_regraded(summary) + _by_machine(summary)
                      + _time_per_step(summary)
                      + _identical(summary) + _lossless_differences(summary) + _differences(summary)
