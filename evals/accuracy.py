@@ -16,7 +16,7 @@ from semverify import NoDrafter, generate, load_model
 from semverify.clock import device_clock
 
 from .provenance import recorded
-from .runner import CheckedRun, compare, left_pad, model_dtypes, one_at_a_time
+from .runner import CheckedRun, compare, left_pad, model_dtypes, one_at_a_time, shard_info
 
 CANDIDATES = (1, 4, 8, 16, 32, 64)
 HEADROOM = 0.75  # of the memory left, what the KV caches may take
@@ -69,7 +69,8 @@ def measure_batch_size(run: CheckedRun, dtype: str, progress: bool = True) -> di
     # a draft model's cache grows beside the target's: counted as the target's again, an upper bound
     row_bytes = 2 * kv_bytes_per_token(target) * longest
     free = available_memory(run.device)
-    sizes = fitting(CANDIDATES, row_bytes, free)
+    outputs = len(run.problems) * (settings.samples or 1)  # no batch is larger than the run's outputs
+    sizes = fitting(tuple(sorted({min(b, outputs) for b in CANDIDATES})), row_bytes, free)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     measured: dict[int, float] = {}
     for size in sizes:
@@ -81,27 +82,37 @@ def measure_batch_size(run: CheckedRun, dtype: str, progress: bool = True) -> di
         if len(measured) > 1 and measured[size] < GAIN * measured[sizes[sizes.index(size) - 1]]:
             break
     best = max(measured, key=measured.get)
-    left_out = [b for b in CANDIDATES if b not in sizes]
-    why = (f"the most total tokens/s of the target alone ({measured[best]:.1f}) among batch sizes "
-           f"{', '.join(map(str, measured))}" + (f"; {', '.join(map(str, left_out))} would not fit in memory "
-                                                 f"({free / 2**30:.1f} GiB free, {row_bytes / 2**20:.0f} MiB a row)"
-                                                 if left_out else ""))
+    left_out = [b for b in CANDIDATES if b <= outputs and b not in sizes]
+    rates = ", ".join(f"{b}: {r:.1f}" for b, r in measured.items())
+    why = (f"the most total tokens/s of the target alone in {dtype} (batch size: tokens/s {rates})"
+           + (f"; {', '.join(map(str, left_out))} would not fit in memory ({free / 2**30:.1f} GiB free, "
+              f"{row_bytes / 2**20:.0f} MiB a row)" if left_out else ""))
     del target
-    return {"batch_size": best, "measured_tok_s": {str(b): r for b, r in measured.items()}, "why": why,
-            "memory_free_bytes": free, "row_bytes": row_bytes}
+    return {"batch_size": best, "dtype": dtype, "measured_tok_s": {str(b): r for b, r in measured.items()},
+            "why": why, "memory_free_bytes": free, "row_bytes": row_bytes}
 
 
-def choose_batch_size(run: CheckedRun, recorded: dict | None, dtype: str) -> dict:
-    """The accuracy record of a run: the one it started with (``recorded``, from run.json), else the batch size
-    given with ``--batch-size``, else one measured now."""
-    given = run.settings.batch_size
-    if recorded is not None:
-        if given is not None and given != recorded["batch_size"]:
-            raise ValueError(f"this run decodes batches of {recorded['batch_size']} ({recorded['why']}); resume it "
-                             f"with --batch-size {recorded['batch_size']} or none, or choose a new --out")
-        return recorded
-    if run.settings.batch_size is not None:
-        return {"batch_size": run.settings.batch_size, "why": "given with --batch-size"}
+def choose_batch_size(run: CheckedRun, out: Path, dtype: str) -> dict:
+    """The accuracy record of the run in ``out``: the one it started with, else (a plain compare run resumed in
+    accuracy mode) its batch size, else the one given with ``--batch-size``, else one measured now. Shards
+    other than the first wait for the first's choice."""
+    given, started = run.settings.batch_size, recorded(out, "settings")
+    if shard_info()[0] != 0:
+        for _ in range(600):
+            if recorded(out, "accuracy") is not None:
+                break
+            time.sleep(1)
+    chosen = recorded(out, "accuracy") or (started and {"batch_size": started["batch_size"] or 1, "dtype": dtype,
+                                                        "why": "the batch size the run started with"})
+    if chosen:
+        if given is not None and given != chosen["batch_size"]:
+            raise ValueError(f"this run decodes batches of {chosen['batch_size']} ({chosen['why']}); resume it "
+                             f"with --batch-size {chosen['batch_size']} or none, or choose a new --out")
+        return chosen
+    if given is not None:
+        return {"batch_size": given, "dtype": dtype, "why": "given with --batch-size"}
+    if shard_info()[0] != 0:
+        raise ValueError(f"{out}/run.json has no batch size yet: the first shard of this run has not chosen one")
     return measure_batch_size(run, dtype)
 
 
@@ -114,7 +125,7 @@ def compare_for_accuracy(run: CheckedRun, out: str | Path, repin: bool = False, 
     if unbatched:
         raise ValueError(f"accuracy mode decodes every method in batches, but {', '.join(unbatched)} decode one "
                          "problem at a time; run them without --accuracy")
-    choice = choose_batch_size(run, recorded(out, "accuracy"), model_dtypes(run, out)["target"])
+    choice = choose_batch_size(run, out, model_dtypes(run, out)["target"])
     print(f"semverify compare --accuracy: batch size {choice['batch_size']}: {choice['why']}", file=sys.stderr)
     size = choice["batch_size"] if choice["batch_size"] > 1 else None
     compare(replace(run, settings=replace(run.settings, batch_size=size)), out, repin, {"accuracy": choice},

@@ -76,7 +76,8 @@ def _accuracy_mode(summary: dict) -> list[str]:
     samples = s.get("samples") or 1
     speed = (f"speed over the {timed['problems']} problems of its timed pass (`timed/`, one at a time, "
              f"{timed['dtype']})" if timed else "no speed (untimed rows; `--timed N` adds a timed pass)")
-    return [f"- accuracy mode: accuracy over {summary['problems']} problems x {samples} sample(s) ({s['dtype']}, "
+    dtype = run["accuracy"].get("dtype", s["dtype"])
+    return [f"- accuracy mode: accuracy over {summary['problems']} problems x {samples} sample(s) ({dtype}, "
             f"batches of {s.get('batch_size') or 1}: {run['accuracy']['why']}); {speed}"]
 
 

@@ -36,22 +36,33 @@ def test_the_batch_size_is_measured_once_recorded_and_kept_by_every_resume(tiny_
     measured = []
     monkeypatch.setattr(evals.accuracy, "decode_rate", fake_rates(measured))
     monkeypatch.setattr(evals.accuracy, "available_memory", lambda device: 1 << 40)
-    out = tmp_path / "run"
-    assert main(accuracy_args(tiny_checkpoint, out)) == 0
-    assert measured == [1, 4, 8, 16]
+    out, one_method = tmp_path / "run", ["--methods", "vanilla"]
+    assert main(accuracy_args(tiny_checkpoint, out, one_method, limit=20)) == 0
+    assert measured == [1, 4, 8, 16]  # 20 (the run's outputs) would come next
     run = json.loads((out / "run.json").read_text())
     assert run["accuracy"]["batch_size"] == 16 and run["settings"]["batch_size"] == 16  # the fastest measured
     assert run["accuracy"]["measured_tok_s"] == {"1": 10.0, "4": 30.0, "8": 50.0, "16": 52.0}
-    assert "the most total tokens/s of the target alone (52.0) among batch sizes 1, 4, 8, 16" in run["accuracy"]["why"]
+    assert run["accuracy"]["dtype"] == "float32"
+    assert ("the most total tokens/s of the target alone in float32 (batch size: tokens/s 1: 10.0, 4: 30.0, 8: 50.0, "
+            "16: 52.0)") == run["accuracy"]["why"]
     rows = read_rows(out)
-    assert len(rows) == 16 and all(r["timed"] is False and r["batch"]["size"] == 4 for r in rows)
+    assert len(rows) == 20 and all(r["timed"] is False for r in rows)
+    assert sorted(r["batch"]["size"] for r in rows[::4]) == [4, 16, 16, 16, 16]
     monkeypatch.setattr(evals.accuracy, "decode_rate", refuse)
     shard = out / "rows.rank0.jsonl"
     shard.write_text("".join(shard.read_text().splitlines(keepends=True)[:5]))  # killed after five rows
-    assert main(accuracy_args(tiny_checkpoint, out)) == 0
-    assert len(read_rows(out)) == 16 and json.loads((out / "run.json").read_text())["accuracy"] == run["accuracy"]
+    assert main(accuracy_args(tiny_checkpoint, out, one_method, limit=20)) == 0
+    assert len(read_rows(out)) == 20 and json.loads((out / "run.json").read_text())["accuracy"] == run["accuracy"]
     with pytest.raises(SystemExit, match="this run decodes batches of 16"):  # another size would change the run
-        main(accuracy_args(tiny_checkpoint, out, ["--batch-size", "2"]))
+        main(accuracy_args(tiny_checkpoint, out, [*one_method, "--batch-size", "2"], limit=20))
+
+
+def test_sizes_never_exceed_the_runs_outputs(tiny_checkpoint, tmp_path, monkeypatch):
+    measured = []
+    monkeypatch.setattr(evals.accuracy, "decode_rate", fake_rates(measured))
+    monkeypatch.setattr(evals.accuracy, "available_memory", lambda device: 1 << 40)
+    main(accuracy_args(tiny_checkpoint, tmp_path / "run", ["--methods", "vanilla"], limit=4))
+    assert measured == [1, 4] and json.loads((tmp_path / "run" / "run.json").read_text())["accuracy"]["batch_size"] == 4
 
 
 def test_memory_caps_the_sizes_measured(tiny_checkpoint, tmp_path, monkeypatch):
@@ -66,7 +77,8 @@ def test_memory_caps_the_sizes_measured(tiny_checkpoint, tmp_path, monkeypatch):
     out = tmp_path / "run"
     main(accuracy_args(tiny_checkpoint, out))
     choice = json.loads((out / "run.json").read_text())["accuracy"]
-    assert measured == [1] and choice["batch_size"] == 1 and "4, 8, 16, 32, 64 would not fit" in choice["why"]
+    assert measured == [1] and choice["batch_size"] == 1
+    assert choice["why"].endswith(f"; 4 would not fit in memory (0.0 GiB free, {row_bytes[0] / 2**20:.0f} MiB a row)")
     assert row_bytes[0] > 0 and choice["row_bytes"] == row_bytes[0]
     assert json.loads((out / "run.json").read_text())["settings"]["batch_size"] is None  # one at a time
 
@@ -78,7 +90,7 @@ def test_a_given_batch_size_is_not_measured_and_float32_is_the_default(tiny_chec
     dtype = args.index("--dtype")
     assert main(args[:dtype] + args[dtype + 2 :]) == 0
     run = json.loads((out / "run.json").read_text())
-    assert run["accuracy"] == {"batch_size": 2, "why": "given with --batch-size"}
+    assert run["accuracy"] == {"batch_size": 2, "dtype": "float32", "why": "given with --batch-size"}
     assert run["settings"]["dtype"] == "float32" and run["settings"]["batch_size"] == 2
 
 
@@ -90,7 +102,8 @@ def test_a_plain_batched_run_resumes_in_accuracy_mode(tiny_checkpoint, tmp_path,
     with pytest.raises(SystemExit, match="other settings"):  # --limit is a setting: same run, same problems
         main(accuracy_args(tiny_checkpoint, out, ["--batch-size", "2"], limit=3))
     assert main(accuracy_args(tiny_checkpoint, out, ["--batch-size", "2"], limit=2)) == 0
-    assert json.loads((out / "run.json").read_text())["accuracy"]["batch_size"] == 2
+    assert json.loads((out / "run.json").read_text())["accuracy"]["why"] == "the batch size the run started with"
+    assert main(accuracy_args(tiny_checkpoint, out, limit=2)) == 0  # no --batch-size: the run's own, unmeasured
 
 
 def test_the_timed_pass_gives_the_speedups_and_the_report_labels_both(tiny_checkpoint, tmp_path, monkeypatch):
