@@ -24,7 +24,8 @@ class DraftPlanner:
     """Chooses each step's draft length from ``verify_costs`` (target forward seconds per number of draft
     tokens, any unit) and ``draft_cost`` (one draft-model forward in the same unit).
 
-    ``prior`` is the acceptance assumed before any step (worth ``prior_weight`` observed drafts per position);
+    ``prior`` is the acceptance assumed before any step (worth ``prior_weight`` observed drafts per position;
+    a later position's prior is the estimate of the one before it);
     after ``probe_every`` plain steps in a row it drafts ``probe`` tokens, and the interval doubles after each
     probe that does not bring drafting back (at most ``MAX_INTERVAL``).
     """
@@ -49,9 +50,15 @@ class DraftPlanner:
         self.chosen: list[int] = []
 
     def acceptance(self) -> list[float]:
-        """Each position's estimated chance of being kept once its predecessor was."""
-        return [(kept + self.prior * self.prior_weight) / (tried + self.prior_weight)
-                for tried, kept in zip(self.tried, self.kept)]
+        """Each position's estimated chance of being kept once its predecessor was: its own counts shrunk
+        towards the estimate of the position before it (the prior for the first). A position never drafted
+        yet so takes what the last drafted one showed, not the prior: acceptance changes little with the
+        position, and a planner that only ever drafted one token would otherwise never learn that more pay."""
+        estimates, before = [], self.prior
+        for tried, kept in zip(self.tried, self.kept):
+            before = (kept + before * self.prior_weight) / (tried + self.prior_weight)
+            estimates.append(before)
+        return estimates
 
     def expected_tokens(self, k: int, acceptance: list[float] | None = None) -> float:
         """Tokens a step that drafts ``k`` tokens is expected to emit (the target's own token included), under
