@@ -41,7 +41,7 @@ class DraftPlanner:
         if draft_cost < 0 or k_max < 0 or not 0.0 <= prior <= 1.0 or prior_weight <= 0 or probe_every < 1:
             raise ValueError("draft_cost, k_max >= 0, prior in [0, 1], prior_weight > 0 and probe_every >= 1")
         unit = verify_costs[0]
-        self.verify = {n: c / unit for n, c in verify_costs.items()}
+        self.verify = monotone({n: c / unit for n, c in verify_costs.items()})
         self.draft_cost, self.k_max = draft_cost / unit, k_max
         self.prior, self.prior_weight, self.probe_every, self.probe = prior, prior_weight, probe_every, probe
         self.tried = [0] * k_max  # drafts that reached position j (its predecessor was kept)
@@ -105,6 +105,17 @@ class DraftPlanner:
         for j in range(min(drafted, accepted + 1, self.k_max)):
             self.tried[j] += 1
             self.kept[j] += j < accepted
+
+
+def monotone(costs: dict[int, float]) -> dict[int, float]:
+    """``costs`` made non-decreasing in the number of draft tokens (each the largest cost at that width or any
+    narrower one): in steady state a wider forward never costs less, so a dip is measurement noise, and it
+    would flatter the one width it fell on."""
+    out, most = {}, 0.0
+    for n in sorted(costs):
+        most = max(most, costs[n])
+        out[n] = most
+    return out
 
 
 def planner_for(target, draft, k_max: int, progress: bool = True) -> DraftPlanner:
