@@ -61,8 +61,8 @@ def markdown(summary: dict) -> str:
                else (f"- no speedup for `{name}` (nor a point in the plot): none of its rows ran on the machine of "
                      f"`{summary['reference']}`'s row for the same problem")
                for name, m in summary["methods"].items() if m["speedup_problems"] < timed_problems and not untimed]
-    return "\n".join(lines + ([""] + partial if partial else []) + _cap_regraded(summary) + _by_machine(summary)
-                     + _time_per_step(summary)
+    return "\n".join(lines + ([""] + partial if partial else []) + _throughput(summary) + _cap_regraded(summary)
+                     + _by_machine(summary) + _time_per_step(summary)
                      + _identical(summary) + _lossless_differences(summary) + _differences(summary)
                      + _groups(summary) + _rule_events(summary)) + "\n"
 
@@ -79,6 +79,24 @@ def _accuracy_mode(summary: dict) -> list[str]:
     dtype = run["accuracy"].get("dtype", s["dtype"])
     return [f"- accuracy mode: accuracy over {summary['problems']} problems x {samples} sample(s) ({dtype}, "
             f"batches of {s.get('batch_size') or 1}: {run['accuracy']['why']}); {speed}"]
+
+
+def _throughput(summary: dict) -> list[str]:
+    """For an accuracy-mode run with a timed pass: outputs per hour of each pass on the problems both decoded."""
+    timed = summary.get("timed") or {}
+    gains = timed.get("throughput")
+    if not gains:
+        return []
+    run = summary["run"]
+    size = run["settings"].get("batch_size") or 1
+    dtype = run["accuracy"].get("dtype", run["settings"]["dtype"])
+    lines = ["", f"Throughput on {_machines(run)}: problems per hour, accuracy mode ({dtype}, batches of {size}, "
+             f"a row charged its share of its batch's time) against the timed pass ({timed['dtype']}, one at a time), "
+             "on the problems both decoded", "", "| method | problems | accuracy mode | one at a time | gain |",
+             "|---|---|---|---|---|"]
+    lines += [f"| {name} | {g['problems']} | {g['accuracy_per_hour']:.1f} | {g['timed_per_hour']:.1f} | "
+              f"{g['gain']:.1f}x |" for name, g in gains.items()]
+    return lines
 
 
 def _cap_regraded(summary: dict) -> list[str]:

@@ -152,8 +152,25 @@ def _speed_from_timed_pass(out: dict, run_dir: Path, reference: str, grader: str
         source = timed["methods"].get(name) if timed else None
         m.update({key: source[key] for key in SPEED} if source else untimed)
     settings = timed["run"]["settings"] if timed else None
-    out["timed"] = {"problems": timed["problems"], "dtype": settings["dtype"]} if timed else None
+    out["timed"] = {"problems": timed["problems"], "dtype": settings["dtype"],
+                    "throughput": _throughput_gain(run_dir, folder, list(out["methods"]))} if timed else None
     out["batched"] = False  # speedups, where there are any, are batch-1 ratios
+    return out
+
+
+def _throughput_gain(run_dir: Path, timed_dir: Path, methods: list[str]) -> dict[str, dict]:
+    """Per method, outputs per hour in the accuracy pass (batched, each row charged its share of its batch's
+    wall time) and in the timed pass (one at a time), over the problems both passes decoded (first samples)."""
+    out = {}
+    rows, timed_rows = read_rows(run_dir), read_rows(timed_dir)
+    for name in methods:
+        timed = {r["id"]: r for r in timed_rows if r["method"] == name}
+        batched = [r for r in rows if r["method"] == name and r.get("sample", 0) == 0 and r["id"] in timed]
+        if not batched:
+            continue
+        fast = len(batched) * 3600 / max(sum(map(_seconds, batched)), 1e-9)
+        slow = len(batched) * 3600 / max(sum(_seconds(timed[r["id"]]) for r in batched), 1e-9)
+        out[name] = {"problems": len(batched), "accuracy_per_hour": fast, "timed_per_hour": slow, "gain": fast / slow}
     return out
 
 
@@ -196,9 +213,15 @@ def _by_group(rows: list[dict], key: str, grader: str) -> dict[str, dict]:
 def _throughput(rows: list[dict]) -> float:
     """Total new tokens per second over ``rows``: a batched row is charged its batch's wall time in
     proportion to its tokens, so rows that shared a batch add up to that batch's time."""
-    seconds = sum(r["batch"]["wall"] * r["new_tokens"] / max(r["batch"]["tokens"], 1) if "batch" in r
-                  else r["total_time"] for r in rows)
+    seconds = sum(map(_seconds, rows))
     return sum(r["new_tokens"] for r in rows) / seconds if seconds else 0.0
+
+
+def _seconds(row: dict) -> float:
+    """A row's decoding time: its own, or for a batched row its batch's wall time in proportion to its tokens."""
+    if "batch" in row:
+        return row["batch"]["wall"] * row["new_tokens"] / max(row["batch"]["tokens"], 1)
+    return row["total_time"]
 
 
 def _lossless(method: Method, context: RunContext) -> bool | None:

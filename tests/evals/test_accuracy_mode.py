@@ -126,6 +126,14 @@ def test_the_timed_pass_gives_the_speedups_and_the_report_labels_both(tiny_check
     summary = json.loads((out / "summary.json").read_text())
     assert summary["problems"] == 4 and summary["methods"]["sd"]["speedup_problems"] == 2
     assert summary["methods"]["vanilla"]["speedup"] == pytest.approx(1.0)
+    # problems per hour of each pass over the 2 timed problems: they shared one batch of 2 in the accuracy pass
+    batched = [r for r in read_rows(out) if r["method"] == "sd" and r["id"] in (0, 1)]
+    assert len({json.dumps(r["batch"]) for r in batched}) == 1 and batched[0]["batch"]["size"] == 2
+    alone = sum(r["total_time"] for r in timed_rows if r["method"] == "sd" and r["id"] in (0, 1))
+    gain = summary["timed"]["throughput"]["sd"]
+    assert gain["problems"] == 2 and gain["accuracy_per_hour"] == pytest.approx(2 * 3600 / batched[0]["batch"]["wall"])
+    assert gain["timed_per_hour"] == pytest.approx(2 * 3600 / alone)
+    assert f"| sd | 2 | {gain['accuracy_per_hour']:.1f} | {gain['timed_per_hour']:.1f} | {gain['gain']:.1f}x |" in text
 
 
 def test_accuracy_mode_refuses_what_cannot_batch_and_timed_needs_it(tiny_checkpoint, tmp_path):
