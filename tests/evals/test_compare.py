@@ -18,6 +18,7 @@ from evals.summary import machine_timing, mcnemar, summarise, wilson
 from semverify.cli import main
 from semverify.machine import machine
 from semverify.methods import Method, get_method, load_methods, parse_method
+from semverify.registry import RunContext
 from tests.helpers import REPO, byte_tokenizer, run_row, tiny_model
 
 METHODS = "vanilla,sd,pld,typical"
@@ -59,6 +60,14 @@ def test_method_configs_combine_in_order():
     assert names[:6] == ["vanilla", "pld", "rest", "sense_no_sen", "sense_no_se", "sense"] and names[6:] == [
         "rest_id", "sense_id"]
     assert load_methods(None, str(configs[1])) == methods[1:]  # one path alone, as a string
+
+
+@pytest.mark.parametrize("config", sorted((REPO / "evals/configs").glob("*.json")), ids=lambda p: p.name)
+def test_every_shipped_config_loads_and_says_where_its_settings_come_from(config):
+    context = RunContext.for_decoding("qwen2.5-coder-0.5b-instruct", "qwen2.5-coder-1.5b-instruct", True, 0.7)
+    methods = load_methods(None, [config], context)  # rules built as a run on the default pair builds them
+    assert methods and len({m.name for m in methods}) == len(methods)
+    assert json.loads(config.read_text()).get("about"), f"{config.name} needs an 'about': what it is for, and why"
 
 
 def test_only_picks_named_methods_from_the_configs():
