@@ -41,6 +41,7 @@ def markdown(summary: dict) -> str:
         f"test (paired, two-sided) on {summary['grader']}; at cap = outputs that reached the "
         f"{s['max_new_tokens']}-token cap (a rule that makes the model ramble shows here)",
         *_accuracy_mode(summary),
+        *([f"- left out: problems {spans(summary['left_out'])} (`--leave-out`)"] if summary.get("left_out") else []),
         "",
         "| method | lossless | " + " | ".join(g.replace("_", "-") for g in summary["graders"])
         + " | tau | alpha | tok/s | speedup | at cap | wall (s) | " + " | ".join(f"p vs {o}" for o in summary["paired"])
@@ -97,6 +98,28 @@ def _throughput(summary: dict) -> list[str]:
     lines += [f"| {name} | {g['problems']} | {g['accuracy_per_hour']:.1f} | {g['timed_per_hour']:.1f} | "
               f"{g['gain']:.1f}x |" for name, g in gains.items()]
     return lines
+
+
+def spans(ids: list[int]) -> str:
+    """Problem ids as ranges: [7, 100, 101, 102] -> "7, 100-102" (``parse_spans`` reads them back)."""
+    runs: list[list[int]] = []
+    for i in sorted(set(ids)):
+        if runs and runs[-1][1] == i - 1:
+            runs[-1][1] = i
+        else:
+            runs.append([i, i])
+    return ", ".join(str(lo) if lo == hi else f"{lo}-{hi}" for lo, hi in runs)
+
+
+def parse_spans(text: str) -> frozenset[int]:
+    """Problem ids from "7,100-102" (ranges inclusive)."""
+    ids: set[int] = set()
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        lo, _, hi = part.partition("-")
+        if not lo.isdigit() or hi and not hi.isdigit() or hi and int(hi) < int(lo):
+            raise ValueError(f"not a problem id or range: {part!r} (e.g. 7,100-115)")
+        ids.update(range(int(lo), int(hi or lo) + 1))
+    return frozenset(ids)
 
 
 def _cap_regraded(summary: dict) -> list[str]:
@@ -273,14 +296,15 @@ def _speedup(m: dict) -> str:
 
 def report(run_dir: str | Path, reference: str = "vanilla", grader: str | None = None,
            paired: list[str] | None = None, only: list[str] | None = None, out: str | Path | None = None,
-           margins: bool = False) -> str:
+           margins: bool = False, leave_out: frozenset[int] = frozenset()) -> str:
     """Write report.md, summary.json and the plots into ``out`` (default ``run_dir``, e.g. another folder for a
     report on a subset of the methods); returns the Markdown. ``margins``: first load the target and measure
-    its top-2 logit margin where a lossless method's output differs from the reference's."""
+    its top-2 logit margin where a lossless method's output differs from the reference's; ``leave_out``: problem
+    ids not counted."""
     run_dir = Path(run_dir)
     if not (run_dir / "run.json").exists():
         raise FileNotFoundError(f"{run_dir} is not a run folder (no run.json); run `semverify compare` first")
-    summary = summarise(run_dir, reference, grader, paired, only)
+    summary = summarise(run_dir, reference, grader, paired, only, leave_out)
     if margins:
         compute_margins(run_dir, summary)
     path = run_dir / MARGINS_FILE

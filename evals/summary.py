@@ -39,10 +39,12 @@ def mcnemar(a: list[bool], b: list[bool]) -> dict:
 
 
 def summarise(run_dir: str | Path, reference: str = "vanilla", grader: str | None = None,
-              paired: list[str] | None = None, only: list[str] | None = None) -> dict:
+              paired: list[str] | None = None, only: list[str] | None = None,
+              leave_out: frozenset[int] = frozenset()) -> dict:
     """Per-method metrics over the problems every method (of ``only``, default all) finished: speedups
     against ``reference`` and exact McNemar tests against each method in ``paired`` (default: the
-    reference) on ``grader`` (default: the benchmark's main grade)."""
+    reference) on ``grader`` (default: the benchmark's main grade). ``leave_out``: problem ids not counted
+    (e.g. those a threshold was chosen on)."""
     run_dir = Path(run_dir)
     run = json.loads((run_dir / "run.json").read_text())
     methods = [Method.from_record(m) for m in run["methods"]]
@@ -58,7 +60,8 @@ def summarise(run_dir: str | Path, reference: str = "vanilla", grader: str | Non
         names = [m.name for m in methods]
     bench = get_benchmark(s["benchmark"])
     # keyed by output: (problem, sample), then method
-    by = {((r["id"], r.get("sample", 0)), r["method"]): r for r in read_rows(run_dir) if r["method"] in names}
+    by = {((r["id"], r.get("sample", 0)), r["method"]): r for r in read_rows(run_dir)
+          if r["method"] in names and r["id"] not in leave_out}
     ids = sorted({i for i, _ in by if all((i, m) in by for m in names)})
     if not ids:
         counts = ", ".join(f"{m}: {sum(k[1] == m for k in by)}" for m in names)
@@ -77,7 +80,7 @@ def summarise(run_dir: str | Path, reference: str = "vanilla", grader: str | Non
     if grader not in bench.graders:
         raise ValueError(f"{s['benchmark']} is graded by {', '.join(bench.graders)}, not {grader!r}")
     out = {"run": run, "problems": len({pid for pid, _ in ids}), "outputs": len(ids), "reference": reference,
-           "paired": paired, "grader": grader,
+           "paired": paired, "grader": grader, "left_out": sorted(leave_out),
            "graders": list(bench.graders), "batched": batched, "methods": {}}
     for m in methods:
         rs = [by[(i, m.name)] for i in ids]
@@ -132,18 +135,20 @@ def summarise(run_dir: str | Path, reference: str = "vanilla", grader: str | Non
                 if other == reference and entry["lossless"]:
                     entry["paired"][other]["lossless_differences"] = lossless_differences(rs, theirs, ids)
         out["methods"][m.name] = entry
-    return _speed_from_timed_pass(out, run_dir, reference, grader, only) if "accuracy" in run else out
+    return _speed_from_timed_pass(out, run_dir, reference, grader, only, leave_out) if "accuracy" in run else out
 
 
 SPEED = ("tok_s_median", "speedup_median", "speedup_total", "speedup", "speedup_problems", "speedup_by_machine")
 
 
-def _speed_from_timed_pass(out: dict, run_dir: Path, reference: str, grader: str, only: list[str] | None) -> dict:
+def _speed_from_timed_pass(out: dict, run_dir: Path, reference: str, grader: str, only: list[str] | None,
+                           leave_out: frozenset[int]) -> dict:
     """An accuracy-mode run's rows are untimed: its speeds are those of its timed pass (``OUT/timed``, batch 1)
     over the problems that pass finished for every method, or none."""
     folder = run_dir / "timed"
     try:
-        timed = summarise(folder, reference, grader, only=only) if (folder / "run.json").is_file() else None
+        timed = summarise(folder, reference, grader, only=only, leave_out=leave_out) \
+            if (folder / "run.json").is_file() else None
     except ValueError:  # no timed problem has a row for every method yet
         timed = None
     untimed = {"tok_s_median": 0.0, "speedup_median": 0.0, "speedup_total": 0.0, "speedup": 0.0,
@@ -153,18 +158,18 @@ def _speed_from_timed_pass(out: dict, run_dir: Path, reference: str, grader: str
         m.update({key: source[key] for key in SPEED} if source else untimed)
     settings = timed["run"]["settings"] if timed else None
     out["timed"] = {"problems": timed["problems"], "dtype": settings["dtype"],
-                    "throughput": _throughput_gain(run_dir, folder, list(out["methods"]))} if timed else None
+                    "throughput": _throughput_gain(run_dir, folder, list(out["methods"]), leave_out)} if timed else None
     out["batched"] = False  # speedups, where there are any, are batch-1 ratios
     return out
 
 
-def _throughput_gain(run_dir: Path, timed_dir: Path, methods: list[str]) -> dict[str, dict]:
+def _throughput_gain(run_dir: Path, timed_dir: Path, methods: list[str], leave_out: frozenset[int]) -> dict[str, dict]:
     """Per method, outputs per hour in the accuracy pass (batched, each row charged its share of its batch's
     wall time) and in the timed pass (one at a time), over the problems both passes decoded (first samples)."""
     out = {}
     rows, timed_rows = read_rows(run_dir), read_rows(timed_dir)
     for name in methods:
-        timed = {r["id"]: r for r in timed_rows if r["method"] == name}
+        timed = {r["id"]: r for r in timed_rows if r["method"] == name and r["id"] not in leave_out}
         batched = [r for r in rows if r["method"] == name and r.get("sample", 0) == 0 and r["id"] in timed]
         if not batched:
             continue

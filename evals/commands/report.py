@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from evals.grading import CODE_GRADERS, GRADERS, MATH_GRADERS
-from evals.report import report
+from evals.report import parse_spans, report
 from evals.rerun import against, against_markdown
 from semverify.commands import Command
 
@@ -31,6 +31,9 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="load the run's target and measure its top-2 logit margin at the first token where a "
                         "lossless method's output differs from the reference's (a numerical tie or a bug?); "
                         "saved to RUN_DIR/margins.json, which later reports list")
+    p.add_argument("--leave-out", default="", metavar="IDS",
+                   help="problem ids not to count, e.g. 100-115 (those a threshold was chosen on); with --out, a "
+                        "report beside the run's own")
     p.add_argument("--against", default=None, metavar="OTHER_RUN",
                    help="instead: each method both runs hold, side by side on the problems both finished (a rerun "
                         "with another batch size, dtype or machine); written to RUN_DIR/against-<other>.md")
@@ -43,7 +46,12 @@ def run(args: argparse.Namespace) -> int:
         print(text)
         return 0
     paired, only = names(args.paired) or None, names(args.methods) or None
-    print(report(args.run_dir, args.reference, args.grader, paired, only, args.out, margins=args.margins))
+    try:
+        leave_out = parse_spans(args.leave_out)
+    except ValueError as err:
+        raise SystemExit(f"semverify report --leave-out: {err}") from err
+    print(report(args.run_dir, args.reference, args.grader, paired, only, args.out, margins=args.margins,
+                 leave_out=leave_out))
     return 0
 
 

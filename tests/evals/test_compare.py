@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from evals.benchmarks import get_benchmark
-from evals.report import report
+from evals.report import parse_spans, report, spans
 from evals.rows import RowWriter, read_rows
 from evals.summary import machine_timing, mcnemar, summarise, wilson
 from semverify.cli import main
@@ -355,6 +355,23 @@ def test_reports_regrade_rows_written_by_an_older_grader(tmp_path):
     code = get_benchmark("humaneval")  # pass@1 needs the tests, which rows do not hold: stored grades stay
     row = {"id": 0, "gold": "f", "output": "", "grades": {"pass@1": True}}
     assert code.regrade(row) == row
+
+
+def test_left_out_problems_are_not_counted_and_the_report_names_them(tmp_path):
+    writer = _run_resumed_on_a_second_machine(tmp_path)
+    for i in range(4):  # draft_alone wrong on problems 1-2 only (rows at the cap, with a final answer)
+        writer.write(run_row(i, "vanilla", 4.0, "slow cpu", "Final Answer: 5"))
+        writer.write(run_row(i, "draft_alone", 8.0, "slow cpu", f"Final Answer: {4 if i in (1, 2) else 5}"))
+    writer.close()
+    assert summarise(tmp_path)["methods"]["draft_alone"]["accuracy"]["flexible"]["acc"] == 0.5
+    kept = summarise(tmp_path, leave_out=parse_spans("1-2"))
+    assert kept["problems"] == 2 and kept["methods"]["draft_alone"]["accuracy"]["flexible"]["acc"] == 1.0
+    assert "- left out: problems 1-2 (`--leave-out`)" in report(tmp_path, leave_out=parse_spans(" 2,1 "))
+    assert spans([7, 100, 101, 102, 3]) == "3, 7, 100-102" and parse_spans(spans([7, 100, 101])) == {7, 100, 101}
+    with pytest.raises(ValueError, match="not a problem id or range: '5-2'"):
+        parse_spans("1,5-2")
+    with pytest.raises(SystemExit, match="--leave-out: not a problem id or range: 'x'"):
+        main(["report", str(tmp_path), "--leave-out", "x"])
 
 
 def test_a_method_timed_on_no_shared_machine_has_no_speedup_cell(tmp_path):
