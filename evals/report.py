@@ -83,7 +83,7 @@ def _accuracy_mode(summary: dict) -> list[str]:
 
 
 def _throughput(summary: dict) -> list[str]:
-    """For an accuracy-mode run with a timed pass: outputs per hour of each pass on the problems both decoded."""
+    """For an accuracy-mode run with a timed pass: problems per hour of each pass on the problems both decoded."""
     timed = summary.get("timed") or {}
     gains = timed.get("throughput")
     if not gains:
@@ -93,8 +93,8 @@ def _throughput(summary: dict) -> list[str]:
     dtype = run["accuracy"].get("dtype", run["settings"]["dtype"])
     lines = ["", f"Throughput on {_machines(run)}: problems per hour, accuracy mode ({dtype}, batches of {size}, "
              f"a row charged its share of its batch's time) against the timed pass ({timed['dtype']}, one at a time), "
-             "on the problems both decoded", "", "| method | problems | accuracy mode | one at a time | gain |",
-             "|---|---|---|---|---|"]
+             "on the problems both passes decoded for every method", "",
+             "| method | problems | accuracy mode | one at a time | gain |", "|---|---|---|---|---|"]
     lines += [f"| {name} | {g['problems']} | {g['accuracy_per_hour']:.1f} | {g['timed_per_hour']:.1f} | "
               f"{g['gain']:.1f}x |" for name, g in gains.items()]
     return lines

@@ -165,12 +165,16 @@ def _speed_from_timed_pass(out: dict, run_dir: Path, reference: str, grader: str
 
 def _throughput_gain(run_dir: Path, timed_dir: Path, methods: list[str], leave_out: frozenset[int]) -> dict[str, dict]:
     """Per method, outputs per hour in the accuracy pass (batched, each row charged its share of its batch's
-    wall time) and in the timed pass (one at a time), over the problems both passes decoded (first samples)."""
+    wall time) and in the timed pass (one at a time), over the problems both passes decoded for every method
+    (first samples)."""
     out = {}
-    rows, timed_rows = read_rows(run_dir), read_rows(timed_dir)
+    rows = [r for r in read_rows(run_dir) if r.get("sample", 0) == 0 and r["id"] not in leave_out]
+    timed_rows = {(r["id"], r["method"]): r for r in read_rows(timed_dir)}
+    decoded = {(r["id"], r["method"]) for r in rows}
+    both = {i for i, _ in decoded if all((i, m) in decoded and (i, m) in timed_rows for m in methods)}
     for name in methods:
-        timed = {r["id"]: r for r in timed_rows if r["method"] == name and r["id"] not in leave_out}
-        batched = [r for r in rows if r["method"] == name and r.get("sample", 0) == 0 and r["id"] in timed]
+        timed = {i: timed_rows[(i, name)] for i in both}
+        batched = [r for r in rows if r["method"] == name and r["id"] in both]
         if not batched:
             continue
         fast = len(batched) * 3600 / max(sum(map(_seconds, batched)), 1e-9)
