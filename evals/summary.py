@@ -164,22 +164,19 @@ def _speed_from_timed_pass(out: dict, run_dir: Path, reference: str, grader: str
 
 
 def _throughput_gain(run_dir: Path, timed_dir: Path, methods: list[str], leave_out: frozenset[int]) -> dict[str, dict]:
-    """Per method, outputs per hour in the accuracy pass (batched, each row charged its share of its batch's
+    """Per method, problems per hour in the accuracy pass (batched, each row charged its share of its batch's
     wall time) and in the timed pass (one at a time), over the problems both passes decoded for every method
     (first samples)."""
+    batched = {(r["id"], r["method"]): r for r in read_rows(run_dir) if r.get("sample", 0) == 0}
+    timed = {(r["id"], r["method"]): r for r in read_rows(timed_dir)}
+    both = {i for i, _ in batched if i not in leave_out and all((i, m) in batched and (i, m) in timed for m in methods)}
+    if not both:
+        return {}
     out = {}
-    rows = [r for r in read_rows(run_dir) if r.get("sample", 0) == 0 and r["id"] not in leave_out]
-    timed_rows = {(r["id"], r["method"]): r for r in read_rows(timed_dir)}
-    decoded = {(r["id"], r["method"]) for r in rows}
-    both = {i for i, _ in decoded if all((i, m) in decoded and (i, m) in timed_rows for m in methods)}
     for name in methods:
-        timed = {i: timed_rows[(i, name)] for i in both}
-        batched = [r for r in rows if r["method"] == name and r["id"] in both]
-        if not batched:
-            continue
-        fast = len(batched) * 3600 / max(sum(map(_seconds, batched)), 1e-9)
-        slow = len(batched) * 3600 / max(sum(_seconds(timed[r["id"]]) for r in batched), 1e-9)
-        out[name] = {"problems": len(batched), "accuracy_per_hour": fast, "timed_per_hour": slow, "gain": fast / slow}
+        fast = len(both) * 3600 / max(sum(_seconds(batched[(i, name)]) for i in both), 1e-9)
+        slow = len(both) * 3600 / max(sum(_seconds(timed[(i, name)]) for i in both), 1e-9)
+        out[name] = {"problems": len(both), "accuracy_per_hour": fast, "timed_per_hour": slow, "gain": fast / slow}
     return out
 
 
