@@ -82,18 +82,22 @@ class ModelDrafter(BaseDrafter):
         return self.draft_rows(sequences, ks, sampler, generators)[0]
 
     def draft_rows(self, sequences: list[torch.LongTensor], ks: list[int], sampler: Sampler, generators: list,
-                   stop: Stop | list[Stop | None] | None = None,
-                   keep_hidden: bool = False) -> tuple[Draft, torch.Tensor | None]:
+                   stop: Stop | list[Stop | None] | None = None, keep_hidden: bool = False,
+                   ride_to: list[int] | None = None) -> tuple[Draft, torch.Tensor | None]:
         """Up to ``ks[b]`` tokens after each row's sequence, drafted together: one forward per draft
         token for all rows still drafting. ``stop``: one test for every row, or one per row (None: none).
-        Returns the padded draft with its ``lengths`` (and hidden states)."""
+        ``ride_to``: a row may draft on to this length while another row still drafts within its own
+        ``ks`` (the batched forwards run for it anyway). Returns the padded draft with its ``lengths``
+        (and hidden states)."""
         if self.adaptive:
             ks = [min(k, length) for k, length in zip(ks, self.lengths)]
         elif self.planner is not None:  # one length for the batch, planned from the pooled acceptance
             planned = self.planner.choose()
             ks = [min(k, planned) for k in ks]
-        batch, most = len(sequences), max(ks)
-        if most == 0:  # plain decoding this step; the cache catches up at the next draft
+        batch = len(sequences)
+        caps = ks if ride_to is None else [max(k, r) for k, r in zip(ks, ride_to)]
+        most = max(caps)
+        if max(ks) == 0:  # plain decoding this step; the cache catches up at the next draft
             self._added = []
             return Draft.empty(batch, sequences[0].device), None
         stops = stop if isinstance(stop, list) else [stop] * batch
@@ -127,11 +131,13 @@ class ModelDrafter(BaseDrafter):
                 tokens[row, j] = token
                 lengths[row] += 1
                 row_tokens = tokens[row, : lengths[row]].tolist()
-                drafting[row] = not (lengths[row] == ks[row] or int(token) in self.eos
+                drafting[row] = not (lengths[row] == caps[row] or int(token) in self.eos
                                      or (stops[row] is not None and stops[row](row_tokens))
                                      or (self.confidence_threshold is not None
                                          and float(q[row].max()) < self.confidence_threshold)
                                      or (self.entropy_stop is not None and float(entropy(q[row])) > self.entropy_stop))
+            if not any(d and n < k for d, n, k in zip(drafting, lengths, ks)):
+                break  # only rows riding along are left
             # only rows that draft on
             feed, valid = tokens[:, j : j + 1], torch.tensor(drafting, device=device)[:, None]
         n = max(lengths)

@@ -5,11 +5,18 @@ from __future__ import annotations
 
 import torch
 
+from ..coupling import is_coupled
 from ..drafters.model import ModelDrafter
 from ..sampling import Sampler
 from ..types import Draft
 from .drafts import StepDraft, StepTokensDraft
 from .segment import StepSegmenter
+
+
+def draws_by_position(sampler: Sampler, generators: list) -> bool:
+    """Whether a row's draws depend on the positions drawn alone (greedy, or coupled noise), so drafting
+    extra tokens in one step leaves its later draws as they were."""
+    return not sampler.do_sample or all(is_coupled(g) for g in generators)
 
 
 class StepDrafter(ModelDrafter):
@@ -18,11 +25,14 @@ class StepDrafter(ModelDrafter):
     - `StepDraft`: one whole step (until a stop string or the cap), with the mean last-layer
       hidden state of the positions that emitted it (``pooled_hidden``) for the draft probe;
     - `StepTokensDraft`: ``token_k`` tokens, while the target writes a step itself (the first
-      one, when ``target_first_step``, and every step after a rejection), until that step's break is
-      emitted.
+      one, when ``target_first_step``, and every step after a rejection), up to that step's break,
+      which the target writes itself.
 
-    Rows draft together in one batched pass (each its own kind, cap and stop), so a row drafts what it
-    would draft alone.
+    Rows draft together in one batched pass (each its own kind, cap and stop), so a row writes what it
+    would write alone. Where draws depend on their positions only (greedy, coupled noise), a batch's
+    token drafts ride along with its step drafts, up to the step cap: the forwards run for them anyway,
+    and a row that the target writes then advances a whole step per verification rather than
+    ``token_k`` tokens.
     """
 
     batching = "rows"
@@ -53,10 +63,17 @@ class StepDrafter(ModelDrafter):
                 self.writing[row] = "draft"  # the target finished its step: draft whole steps again
         steps = [w == "draft" for w in self.writing]
         caps = [min(k, self.segmenter.max_step_tokens) if step else min(self.token_k, k) for k, step in zip(ks, steps)]
-        draft, hidden = self.draft_rows(sequences, caps, sampler, generators,
-                                        stop=[self.segmenter.ends_step if step else None for step in steps],
-                                        keep_hidden=any(steps))
+        written = [seq[start:].tolist() for seq, start in zip(sequences, self.step_start)]
+        stops = [self.segmenter.ends_step if step else self._completes_step(w) for step, w in zip(steps, written)]
+        ride_to = None
+        if any(steps) and not all(steps) and draws_by_position(sampler, generators):
+            ride_to = [0 if step else min(k, self.segmenter.max_step_tokens) for k, step in zip(ks, steps)]
+        draft, hidden = self.draft_rows(sequences, caps, sampler, generators, stop=stops, keep_hidden=any(steps),
+                                        ride_to=ride_to)
         lengths = [0] * len(sequences) if draft.lengths is None else draft.lengths.tolist()
+        for row, (step, n) in enumerate(zip(steps, lengths)):
+            if not step and n and stops[row](draft.tokens[row, :n].tolist()):
+                lengths[row] = n - 1  # the target writes the break that ends its step (see _completes_step)
         self._last = []
         for row, (step, n) in enumerate(zip(steps, lengths)):
             tokens, probs = draft.tokens[row : row + 1, :n], None if n == 0 else draft.probs[row : row + 1, :n]
@@ -66,8 +83,17 @@ class StepDrafter(ModelDrafter):
                 self.step_start[row] = len(sequences[row])
             else:
                 self._last.append(StepTokensDraft(tokens, probs))
-        return Draft(draft.tokens, draft.probs, lengths=torch.tensor(lengths, device=draft.tokens.device),
+        width = max(lengths, default=0)
+        probs = None if draft.probs is None else draft.probs[:, :width]
+        return Draft(draft.tokens[:, :width], probs, lengths=torch.tensor(lengths, device=draft.tokens.device),
                      rows=list(self._last))
+
+    def _completes_step(self, written: list[int]):
+        """The stop of a row's token draft while the target writes its step (``written`` so far): the
+        draft token that completes the step's break ends the draft and is dropped, so the target's own
+        token always ends its step and the next step starts right after the break, however long the
+        token drafts were (a batch lets them ride along with the step drafts of other rows)."""
+        return lambda ids: self.segmenter.contains_break(written + ids)
 
     def commit_rows(self, accepted: list[int], next_tokens: torch.LongTensor, target_hidden=None) -> None:
         super().commit_rows(accepted, next_tokens, target_hidden)

@@ -225,7 +225,7 @@ def accepting_rules():
     torch.manual_seed(0)  # the probes' initial weights
     probes = dict(draft_probe=SemanticProbe(32, width=4, meta=pair), target_probe=SemanticProbe(32, width=4, meta=pair))
     return {"semanticspec": get_rule("semanticspec", r_min=0.0, **probes),
-            "step_likelihood": StepLikelihood(min_mean_logprob=-4.6)}
+            "step_likelihood": StepLikelihood(min_mean_logprob=-5.5)}
 
 
 @pytest.mark.parametrize("name", list(accepting_rules()))
@@ -264,3 +264,81 @@ def test_a_coupled_batch_rejecting_every_step_is_coupled_target_decoding():
         alone, _ = speculative_generate(target, prompt[None], drafter=NoDrafter(), rule=get_rule("speculative"), k=6,
                                         max_new_tokens=30, sampler=sampler, generator=CoupledNoise(7, row))
         assert torch.equal(out[row, ids.shape[1] : ids.shape[1] + alone.shape[1] - len(prompt)], alone[0, len(prompt):])
+
+
+class RecordingStepDrafter(StepDrafter):
+    """A step drafter that keeps the length of every token draft it proposed while the target wrote a step."""
+
+    def propose_rows(self, sequences, ks, sampler, generators):
+        draft = super().propose_rows(sequences, ks, sampler, generators)
+        self.token_lengths = getattr(self, "token_lengths", []) + [
+            d.length for d in draft.rows if isinstance(d, StepTokensDraft)]
+        return draft
+
+
+def rider_rule():
+    """SemanticSpec with random probes: it accepts some steps and rejects others on the tiny pair, greedy or coupled."""
+    torch.manual_seed(0)  # the probes' initial weights
+    pair = {"pair": "tiny"}
+    return get_rule("semanticspec", r_min=1.0, draft_probe=SemanticProbe(32, width=4, meta=pair),
+                    target_probe=SemanticProbe(32, width=4, meta=pair))
+
+
+@pytest.mark.parametrize("coupled", [False, True])
+def test_token_drafts_ride_along_with_step_drafts_and_rows_still_write_what_they_write_alone(coupled):
+    """Greedy or coupled: a row the target writes drafts on while other rows draft steps (beyond token_k),
+    and the batch changes no row's output."""
+    from semverify.coupling import CoupledNoise
+
+    rule = rider_rule()
+    target = tiny_model(0, vocab=len(TOK), init_std=0.3)
+    draft = tiny_model(0, vocab=len(TOK), init_std=0.3, layers=1)
+    rows, ids, mask = step_batch()
+    sampler = Sampler(coupled, 0.7)
+    noise = (lambda r: CoupledNoise(3, r)) if coupled else (lambda r: None)  # noqa: E731
+    segmenter = StepSegmenter(TOK, stops=("\ufffd", " ", "e"), max_step_tokens=6)
+    batched = RecordingStepDrafter(draft, segmenter, token_k=2, target_first_step=True)
+    out, stats = speculative_generate(target, ids, attention_mask=mask, drafter=batched, rule=rule, k=6,
+                                      max_new_tokens=40, pad_token_id=0, sampler=sampler,
+                                      generator=[noise(r) for r in range(len(rows))] if coupled else None)
+    assert stats.reasons["step"] > 0 and stats.reasons["step_rejected"] > 0, dict(stats.reasons)
+    assert max(batched.token_lengths) > 2  # rode along
+    for row, prompt in enumerate(rows):
+        alone = RecordingStepDrafter(draft, segmenter, token_k=2, target_first_step=True)
+        expected, _ = speculative_generate(target, prompt[None], drafter=alone, rule=rule, k=6, max_new_tokens=40,
+                                           sampler=sampler, generator=noise(row))
+        assert max(alone.token_lengths) <= 2
+        assert torch.equal(out[row, ids.shape[1] : ids.shape[1] + expected.shape[1] - len(prompt)],
+                           expected[0, len(prompt):])
+
+
+@pytest.mark.parametrize(("draws", "rides"), [("greedy", True), ("coupled", True), ("torch", False)])
+def test_token_drafts_ride_only_where_draws_are_keyed_by_position(draws, rides):
+    """Under torch streams extra draft draws would shift a row's later draws: there token drafts keep token_k."""
+    from semverify.coupling import CoupledNoise
+
+    draft = tiny_model(0, vocab=len(TOK), init_std=0.3, layers=1)
+    rows, _, _ = step_batch()
+    drafter = StepDrafter(draft, StepSegmenter(TOK, stops=("\x00\x00\x00",), max_step_tokens=6), token_k=2)
+    drafter.reset_rows(rows)
+    drafter.writing = ["draft", "target", "target"]
+    generators = {"greedy": [None] * 3, "coupled": [CoupledNoise(0, r) for r in range(3)],
+                  "torch": [torch.Generator().manual_seed(r) for r in range(3)]}[draws]
+    proposed = drafter.propose_rows(rows, [6] * 3, Sampler(draws != "greedy", 0.7), generators)
+    assert [d.length for d in proposed.rows] == ([6, 6, 6] if rides else [6, 2, 2])
+
+
+def test_the_target_writes_the_break_that_ends_its_step():
+    """A token draft stops at the token that completes the step's break and drops it (greedy: the draft's own
+    third token is made the break), so a step the target writes always ends with the target's token."""
+    draft = tiny_model(0, vocab=len(TOK), init_std=0.3, layers=1)
+    prompt = TOK("Q: 7 * 6 =", return_tensors="pt").input_ids[0]
+    free = StepDrafter(draft, StepSegmenter(TOK, stops=("\x00\x00\x00",)), token_k=5)
+    free.reset_rows([prompt])
+    tokens = free.propose_rows([prompt], [5], Sampler(False), [None]).rows[0].tokens[0].tolist()
+    stop = TOK.decode(tokens[:3])
+    assert len(tokens) == 5 and stop not in TOK.decode(tokens[:2])
+    drafter = StepDrafter(draft, StepSegmenter(TOK, stops=(stop,)), token_k=5)
+    drafter.reset_rows([prompt])
+    proposed = drafter.propose_rows([prompt], [5], Sampler(False), [None]).rows[0]
+    assert isinstance(proposed, StepTokensDraft) and proposed.tokens[0].tolist() == tokens[:2]
