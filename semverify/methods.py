@@ -73,6 +73,10 @@ class Method:
             rule = self.build_rule(context)
         except (ValueError, TypeError, FileNotFoundError) as err:
             raise ValueError(f"method {self.name!r}: {err}") from err
+        if self.k < rule.min_k:
+            raise ValueError(f"method {self.name!r}: rule {self.rule!r} needs drafts of at least {rule.min_k} tokens "
+                             f"(its window), k={self.k}: with shorter drafts it never departs from exact matching; "
+                             f"use k >= {rule.min_k} or a smaller window")
         if rule.needs_draft_probs and not drafter_kind(self.drafter).gives_probs:
             raise ValueError(f"method {self.name!r}: rule {self.rule!r} needs draft probabilities, which the "
                              f"{self.drafter!r} drafter cannot give; use drafter 'model'")

@@ -21,7 +21,9 @@ class BaseRule:
     Flags: ``lossless`` (keeps the target's output distribution), ``needs_draft_probs`` (reads
     ``draft.probs``), ``needs_hidden_states`` (reads ``target_hidden``), ``needs_extend`` (asks the
     target more through ``VerifyInput.extend``, which the loop offers for one row); ``preferred_drafter`` is the
-    drafter kind ``generate(assistant_model=...)`` builds for it. Optional abilities are methods:
+    drafter kind ``generate(assistant_model=...)`` builds for it; ``min_k`` is the shortest draft on which the
+    rule can do all it is made for (a window rule needs drafts as long as its window): methods with a
+    smaller k are refused. Optional abilities are methods:
     `verify_tree`, `verify_sampled_tree`, and `artifacts` (files the rule was built from).
     """
 
@@ -31,6 +33,7 @@ class BaseRule:
     needs_hidden_states: bool = False
     needs_extend: bool = False
     preferred_drafter: str = "model"
+    min_k: int = 1
     _sources: tuple[str, ...] = ()
 
     def __call__(self, x: VerifyInput) -> Verdict:

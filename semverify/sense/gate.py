@@ -26,6 +26,17 @@ def isolated_mismatch(exact: torch.BoolTensor, window: int) -> torch.BoolTensor:
     return ok & full
 
 
+class WindowRule(BaseRule):
+    """A rule that rescues isolated mismatches within a forward window of ``window`` draft tokens: it
+    needs drafts at least that long (`BaseRule.min_k`), or the window never fires."""
+
+    window: int = 0
+
+    @property
+    def min_k(self) -> int:
+        return max(1, self.window)
+
+
 def _kept_with_reasons(gate: torch.BoolTensor, exact: torch.BoolTensor, rescues: dict[str, torch.BoolTensor],
                        x: VerifyInput, choice: torch.LongTensor) -> Verdict:
     """Verdict for the longest gated prefix; each rescued position is credited to its first reason (and
@@ -40,7 +51,7 @@ def _kept_with_reasons(gate: torch.BoolTensor, exact: torch.BoolTensor, rescues:
     return Verdict(n, at_position(choice, n), reasons, target_tokens=choice[:, : x.k])
 
 
-class SoftGate(BaseRule):
+class SoftGate(WindowRule):
     """SENSE's soft-gated evaluation: G = exact OR (H(p)/log|V| > theta_e AND (draft in top-k of p OR an
     isolated mismatch within a window of w)).
 
@@ -73,7 +84,7 @@ class SoftGate(BaseRule):
                                   x, choice)
 
 
-class DeferredWindow(BaseRule):
+class DeferredWindow(WindowRule):
     """FLy's loosely speculative verification: a mismatch survives if the target's top-3 entropy there is
     at least ``entropy_threshold`` and the next ``window - 1`` drafted tokens all match exactly.
 
