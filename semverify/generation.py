@@ -160,9 +160,13 @@ def _pick_drafter(model, rule, assistant_model, drafter, num_assistant_tokens, p
     kind = ("prompt_lookup" if prompt_lookup_num_tokens is not None else  # a step rule drafts whole steps:
             rule.preferred_drafter if assistant_model is not None else "none")
     # the config's num_assistant_tokens counts tokens, not a step rule's step cap
-    k = (prompt_lookup_num_tokens or num_assistant_tokens
-         or (None if drafter_kind(kind).step_cap else config.num_assistant_tokens)
-         or (DEFAULT_NUM_DRAFT_TOKENS if drafter is not None else drafter_kind(kind).default_k))
+    given = (prompt_lookup_num_tokens or num_assistant_tokens
+             or (None if drafter_kind(kind).step_cap else config.num_assistant_tokens))
+    if given and given < rule.min_k:
+        raise ValueError(f"rule {rule.name!r} needs drafts of at least {rule.min_k} tokens (its window), got "
+                         f"{given}: with shorter drafts it never departs from exact matching")
+    # a window rule's default draft is as long as its window
+    k = given or max(DEFAULT_NUM_DRAFT_TOKENS if drafter is not None else drafter_kind(kind).default_k, rule.min_k)
     if drafter is not None:
         return drafter, k
     resources = DraftResources(draft_model=assistant_model, target_model=model, tokenizer=tokenizer,

@@ -92,3 +92,15 @@ def test_typical_accepts_more_than_exact_on_a_peaked_random_pair():
     exact = generate(target, IDS, **kw).spec_stats
     loose = generate(target, IDS, rule=TypicalAcceptance(0.3, 0.9), **kw).spec_stats
     assert loose.alpha > exact.alpha and loose.reasons["typical"] > 0
+
+
+def test_a_window_rule_drafts_its_window_by_default_and_refuses_shorter_drafts():
+    """FLy's window of 6 never fires on 5-token drafts: generate() drafts 6 for it unless told, and refuses fewer."""
+    import pytest
+
+    target = tiny_model(0)
+    out = generate(target, IDS, assistant_model=target, rule="fly", max_new_tokens=12, return_dict_in_generate=True,
+                   assistant_confidence_threshold=0.0)
+    assert max(out.spec_stats.draft_lengths) == 6
+    with pytest.raises(ValueError, match="at least 6 tokens"):
+        generate(target, IDS, assistant_model=target, rule="fly", num_assistant_tokens=5, max_new_tokens=4)
