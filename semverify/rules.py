@@ -22,7 +22,7 @@ class BaseRule:
     ``draft.probs``), ``needs_hidden_states`` (reads ``target_hidden``), ``needs_extend`` (asks the
     target more through ``VerifyInput.extend``, which the loop offers for one row); ``preferred_drafter`` is the
     drafter kind ``generate(assistant_model=...)`` builds for it; ``min_k`` is the shortest draft on which the
-    rule can do all it is made for (a window rule needs drafts as long as its window): methods with a
+    rule can depart from exact matching at all (FLy's window needs drafts as long as itself): methods with a
     smaller k are refused. Optional abilities are methods:
     `verify_tree`, `verify_sampled_tree`, and `artifacts` (files the rule was built from).
     """

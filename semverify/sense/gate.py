@@ -26,17 +26,6 @@ def isolated_mismatch(exact: torch.BoolTensor, window: int) -> torch.BoolTensor:
     return ok & full
 
 
-class WindowRule(BaseRule):
-    """A rule that rescues isolated mismatches within a forward window of ``window`` draft tokens: it
-    needs drafts at least that long (`BaseRule.min_k`), or the window never fires."""
-
-    window: int = 0
-
-    @property
-    def min_k(self) -> int:
-        return max(1, self.window)
-
-
 def _kept_with_reasons(gate: torch.BoolTensor, exact: torch.BoolTensor, rescues: dict[str, torch.BoolTensor],
                        x: VerifyInput, choice: torch.LongTensor) -> Verdict:
     """Verdict for the longest gated prefix; each rescued position is credited to its first reason (and
@@ -51,7 +40,7 @@ def _kept_with_reasons(gate: torch.BoolTensor, exact: torch.BoolTensor, rescues:
     return Verdict(n, at_position(choice, n), reasons, target_tokens=choice[:, : x.k])
 
 
-class SoftGate(WindowRule):
+class SoftGate(BaseRule):
     """SENSE's soft-gated evaluation: G = exact OR (H(p)/log|V| > theta_e AND (draft in top-k of p OR an
     isolated mismatch within a window of w)).
 
@@ -84,7 +73,7 @@ class SoftGate(WindowRule):
                                   x, choice)
 
 
-class DeferredWindow(WindowRule):
+class DeferredWindow(BaseRule):
     """FLy's loosely speculative verification: a mismatch survives if the target's top-3 entropy there is
     at least ``entropy_threshold`` and the next ``window - 1`` drafted tokens all match exactly.
 
@@ -99,6 +88,11 @@ class DeferredWindow(WindowRule):
         if entropy_threshold < 0 or window < 0:
             raise ValueError("entropy_threshold and window must be >= 0")
         self.entropy_threshold, self.window = float(entropy_threshold), int(window)
+
+    @property
+    def min_k(self) -> int:
+        """The window is FLy's only rescue: drafts shorter than it leave exact matching."""
+        return max(1, self.window)
 
     def __call__(self, x: VerifyInput) -> Verdict:
         tokens, k = x.draft.tokens, x.k

@@ -116,15 +116,17 @@ def test_rule_the_drafter_cannot_serve_is_refused(monkeypatch):
         Method("bad", "prompt_lookup", "needs-probs-test").checked(None)
 
 
-def test_a_window_rule_with_drafts_shorter_than_its_window_is_refused():
-    """FLy and SENSE rescue a mismatch only where a whole window of drafted tokens follows: at k < window the
-    window never fires, a silent exact-matching run (as the first fly_model rows of results/gsm8k-500 were)."""
+def test_fly_with_drafts_shorter_than_its_window_is_refused():
+    """FLy rescues a mismatch only where a whole window of drafted tokens follows: at k < window it never
+    departs from exact matching, silently (as the first fly_model rows of results/gsm8k-500 did). SENSE's
+    top-k rescue works at any k, so SENSE is not refused."""
     with pytest.raises(ValueError, match="fly.*at least 6 tokens.*k=5"):
         Method("fly_short", "model", "fly", k=5).checked(None)
     with pytest.raises(ValueError, match="at least 4 tokens"):
-        Method("sense_short", "rest", "sense", {"window": 4}, k=3).checked(None)
+        Method("fly_short_window", "model", "fly", {"window": 4}, k=3).checked(None)
     assert Method("fly_k6", "model", "fly", k=6).checked(None).k == 6
-    assert Method("sense_no_window", "rest", "sense", {"window": 0}, k=3).checked(None).k == 3
+    assert Method("fly_no_window", "model", "fly", {"window": 0}, k=3).checked(None).k == 3
+    assert Method("sense_short", "rest", "sense", k=3).checked(None).k == 3
 
 
 @pytest.mark.parametrize("args, message", [
