@@ -16,7 +16,7 @@ from .generation_config import processors, refuse_unsupported, setting
 from .generation_config import stopping_criteria as build_criteria
 from .loop import prompt_rows, speculative_generate
 from .registry import DraftResources, RunContext, drafter_kind, get_rule, make_drafter
-from .rules import BaseRule
+from .rules import BaseRule, check_draft_length
 from .sampling import Sampler
 from .stats import SpecStats
 from .types import eos_ids
@@ -162,9 +162,8 @@ def _pick_drafter(model, rule, assistant_model, drafter, num_assistant_tokens, p
     # the config's num_assistant_tokens counts tokens, not a step rule's step cap
     given = (prompt_lookup_num_tokens or num_assistant_tokens
              or (None if drafter_kind(kind).step_cap else config.num_assistant_tokens))
-    if given and given < rule.min_k:
-        raise ValueError(f"rule {rule.name!r} needs drafts of at least {rule.min_k} tokens (its window), got "
-                         f"{given}: with shorter drafts it never departs from exact matching")
+    if given:
+        check_draft_length(rule, given)
     # a window rule's default draft is as long as its window
     k = given or max(DEFAULT_NUM_DRAFT_TOKENS if drafter is not None else drafter_kind(kind).default_k, rule.min_k)
     if drafter is not None:

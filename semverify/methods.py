@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from .registry import Registry, RunContext, available_drafters, drafter_kind, get_rule, parse_param
-from .rules import BaseRule
+from .rules import BaseRule, check_draft_length
 
 _CONTEXT_PARAMS = ("draft_model", "target_model", "draft_calibration", "target_calibration", "temperature")
 
@@ -71,12 +71,9 @@ class Method:
         the drafter cannot serve fail here, before any model loads, with the method's name."""
         try:
             rule = self.build_rule(context)
+            check_draft_length(rule, self.k)
         except (ValueError, TypeError, FileNotFoundError) as err:
             raise ValueError(f"method {self.name!r}: {err}") from err
-        if self.k < rule.min_k:
-            raise ValueError(f"method {self.name!r}: rule {self.rule!r} needs drafts of at least {rule.min_k} tokens "
-                             f"(its window), k={self.k}: with shorter drafts it never departs from exact matching; "
-                             f"use k >= {rule.min_k} or a smaller window")
         if rule.needs_draft_probs and not drafter_kind(self.drafter).gives_probs:
             raise ValueError(f"method {self.name!r}: rule {self.rule!r} needs draft probabilities, which the "
                              f"{self.drafter!r} drafter cannot give; use drafter 'model'")

@@ -67,6 +67,14 @@ class BaseRule:
 AcceptanceRule = BaseRule  # the former name of the contract, kept for type hints in user code
 
 
+def check_draft_length(rule: BaseRule, k: int) -> None:
+    """Refuse drafts shorter than ``rule.min_k``: on them the rule is silently exact matching."""
+    if k < rule.min_k:
+        raise ValueError(f"rule {rule.name!r} needs drafts of at least {rule.min_k} tokens (its window), got k={k}: "
+                         f"with shorter drafts it never departs from exact matching; use k >= {rule.min_k} or a "
+                         "smaller window")
+
+
 def leading_true(mask: torch.Tensor) -> torch.LongTensor:
     """Length of the all-True prefix of each row of a [B, k] bool mask."""
     if mask.shape[-1] == 0:
