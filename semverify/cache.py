@@ -102,6 +102,42 @@ class RowCache:
             layer.values = layer.values.gather(2, index.expand(-1, layer.values.shape[1], -1, layer.values.shape[3]))
         self.valid = slot
 
+    def copy_rows(self, rows: list[int]) -> RowCache:
+        """A RowCache holding a copy of ``rows`` only, for forwards that the other rows sit out."""
+        index = torch.tensor(rows, dtype=torch.long, device=self.device)
+        part = RowCache.__new__(RowCache)
+        part.device, part.valid, part.next_position = self.device, self.valid[index], self.next_position[index]
+        part.cache = DynamicCache([(None, None) if not layer.is_initialized else  # nothing cached yet
+                                   (layer.keys[index.to(layer.keys.device)], layer.values[index.to(layer.keys.device)])
+                                   for layer in self.cache.layers])
+        return part
+
+    def last_columns(self, width: int, rows: list[int] | None = None) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per layer, the keys and values of the last ``width`` columns (of ``rows``, or every row)."""
+        rows = range(len(self.valid)) if rows is None else rows
+        picked = []
+        for layer in self.cache.layers:
+            index = torch.tensor(rows, dtype=torch.long, device=layer.keys.device)
+            picked.append((layer.keys[index, :, layer.keys.shape[2] - width :],
+                           layer.values[index, :, layer.values.shape[2] - width :]))
+        return picked
+
+    def append_columns(self, pieces: list[tuple[list[int], list[tuple[torch.Tensor, torch.Tensor]]]],
+                       token_valid: torch.BoolTensor) -> None:
+        """Add ``token_valid.shape[1]`` columns whose keys and values come from forwards on copies of some rows
+        (``pieces``: rows, and per layer their new columns, as many as those forwards fed, at most that width);
+        the rest are holes (masked by ``token_valid``)."""
+        width = token_valid.shape[1]
+        for i in range(len(pieces[0][1])):
+            some_keys, some_values = pieces[0][1][i]
+            keys = some_keys.new_zeros(len(self.valid), some_keys.shape[1], width, some_keys.shape[3])
+            values = some_values.new_zeros(len(self.valid), some_values.shape[1], width, some_values.shape[3])
+            for rows, new in pieces:
+                index = torch.tensor(rows, dtype=torch.long, device=keys.device)
+                keys[index, :, : new[i][0].shape[2]], values[index, :, : new[i][1].shape[2]] = new[i]
+            self.cache.update(keys, values, i)
+        self.extend(token_valid)
+
     def select(self, rows: torch.LongTensor) -> None:
         """Keep only ``rows`` of the batch (finished rows stop costing work)."""
         rows = rows.to(self.device)
@@ -109,3 +145,52 @@ class RowCache:
         self.valid, self.next_position = self.valid[rows], self.next_position[rows]
         if len(rows) and not bool(self.valid[:, 0].any()):
             self.pack()
+
+
+class RowSubset:
+    """Forwards for a shrinking subset of a `RowCache`'s rows, one column at a time, so rows that wait cost no
+    compute (a batched CPU forward costs about its number of rows). Narrowing copies the kept rows' cache;
+    `close` appends the columns fed since the first narrowing to the full cache, as holes where a row was not fed."""
+
+    def __init__(self, full: RowCache) -> None:
+        self.full, self.part, self.batch = full, full, full.valid.shape[0]
+        self.rows = list(range(self.batch))  # rows of the full batch that `part` holds, in order
+        self.columns: list[torch.BoolTensor] = []  # per forward since the first narrowing: rows fed, [B, 1]
+        self.left: list[tuple[list[int], list[tuple[torch.Tensor, torch.Tensor]]]] = []  # columns of rows gone
+
+    def keep(self, rows: list[int]) -> None:
+        """Feed only ``rows`` (of those kept so far) from now on."""
+        gone = [i for i, r in enumerate(self.rows) if r not in rows]
+        if gone and self.columns:
+            self.left.append(([self.rows[i] for i in gone], self.part.last_columns(len(self.columns), gone)))
+        self.part, self.rows = self.part.copy_rows([self.rows.index(r) for r in rows]), list(rows)
+
+    def inputs(self, tokens: torch.LongTensor, token_valid: torch.BoolTensor) -> dict:
+        """`RowCache.inputs` for the kept rows of full-batch columns ``tokens``."""
+        index = self._index(tokens.device)
+        return self.part.inputs(tokens[index], token_valid[index])
+
+    def extend(self, token_valid: torch.BoolTensor) -> None:
+        """Record a forward's full-batch column (``token_valid`` [B, 1])."""
+        self.part.extend(token_valid[self._index(token_valid.device)])
+        self.columns.append(token_valid)
+
+    def spread(self, x: torch.Tensor) -> torch.Tensor:
+        """A forward's output for the kept rows, as a full batch (zeros in the other rows)."""
+        return spread(x, self.rows, self.batch)
+
+    def close(self) -> None:
+        """Append the columns fed since the first narrowing to the full cache."""
+        if self.columns and self.part is not self.full:
+            last = (self.rows, self.part.last_columns(len(self.columns)))
+            self.full.append_columns([*self.left, last], torch.cat(self.columns, dim=1))
+
+    def _index(self, device: torch.device) -> torch.LongTensor:
+        return torch.tensor(self.rows, dtype=torch.long, device=device)
+
+
+def spread(x: torch.Tensor, rows: list[int], batch: int) -> torch.Tensor:
+    """An output for some ``rows`` of a batch, as the whole batch (zeros in the other rows)."""
+    full = x.new_zeros(batch, *x.shape[1:])
+    full[torch.tensor(rows, dtype=torch.long, device=x.device)] = x
+    return full

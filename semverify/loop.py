@@ -25,6 +25,7 @@ from .stats import SpecStats
 from .tree import depths, keep_path, require_full_attention, rows_tree_mask, rows_tree_positions
 from .types import Draft, StepOutcome, Verdict, VerifyInput, eos_ids
 from .verification import verify_rows
+from .width_groups import grouped_forward, width_groups
 
 
 @dataclass
@@ -164,10 +165,17 @@ def verify_input(target: PreTrainedModel, cache: RowCache, pending: torch.LongTe
     """Run the target once over each row's unseen tokens and its draft (extending ``cache``) and build what
     the rule sees: the warped logits of the draft positions and the one after, and hidden states on request."""
     inputs, new_valid = target_inputs(cache, pending, pending_valid, draft, target.dtype)
-    out = target(**inputs, logits_to_keep=draft.length + 1, output_hidden_states=want_hidden)
-    cache.extend(new_valid)
-    hidden = out.hidden_states[-1][:, -(draft.length + 1) :] if want_hidden else None
-    return VerifyInput(draft, sampler.warp(out.logits, sequences, draft.tokens), sampler.do_sample, hidden,
+    ragged_chains = draft.lengths is not None and not draft.branches and cache.device.type == "cpu"
+    lengths = draft.lengths.tolist() if ragged_chains else None  # (an accelerator pads at almost no cost)
+    groups = None if lengths is None else width_groups(lengths, pending.shape[1])
+    if groups is None:
+        out = target(**inputs, logits_to_keep=draft.length + 1, output_hidden_states=want_hidden)
+        cache.extend(new_valid)
+        logits, hidden = out.logits, out.hidden_states[-1][:, -(draft.length + 1) :] if want_hidden else None
+    else:  # ragged chains: rows of similar length verified together, none padded to the longest
+        logits, hidden = grouped_forward(target, cache, torch.cat([pending, draft.tokens], dim=1), new_valid, lengths,
+                                         groups, want_hidden)
+    return VerifyInput(draft, sampler.warp(logits, sequences, draft.tokens), sampler.do_sample, hidden,
                        generators[0] if len(generators) == 1 else generators,
                        extend=extender(target, cache) if one_row and not draft.is_tree else None)
 

@@ -8,7 +8,7 @@ from typing import Callable
 import torch
 from transformers import PreTrainedModel
 
-from ..cache import RowCache
+from ..cache import RowCache, RowSubset
 from ..planner import DraftPlanner
 from ..rules import entropy
 from ..sampling import Sampler, sample_from
@@ -112,19 +112,27 @@ class ModelDrafter(BaseDrafter):
         probs, hidden, lengths = [], [], [0] * batch
         drafting = [k > 0 for k in ks]
         self._added = []
+        narrowed = None  # on a CPU, once a quarter of the rows fed have stopped, only rows still drafting are fed
         for j in range(most):
             if not any(drafting):
                 break
-            out = self.model(**self.rows.inputs(feed, valid), logits_to_keep=1, output_hidden_states=keep_hidden)
-            self.rows.extend(valid)
+            active = [row for row in range(batch) if drafting[row]]
+            fed_rows = batch if narrowed is None else len(narrowed.rows)
+            if j and device.type == "cpu" and 4 * len(active) <= 3 * fed_rows:
+                narrowed = narrowed or RowSubset(self.rows)
+                narrowed.keep(active)
+            fed = self.rows if narrowed is None else narrowed
+            out = self.model(**fed.inputs(feed, valid), logits_to_keep=1, output_hidden_states=keep_hidden)
+            fed.extend(valid)
             self._added.append(valid)
-            logits = out.logits[:, -1]
+            logits = out.logits[:, -1] if narrowed is None else narrowed.spread(out.logits[:, -1])
             prefixes = None if sampler.processors is None else [  # logits processors see each row's prefix
                 torch.cat([seq, tokens[row, : lengths[row]]]) for row, seq in enumerate(sequences)]
             q = sampler.probs(logits, prefixes)
             probs.append(q)
             if keep_hidden:
-                hidden.append(out.hidden_states[-1][:, -1])
+                last = out.hidden_states[-1][:, -1]
+                hidden.append(last if narrowed is None else narrowed.spread(last))
             for row in (r for r in range(batch) if drafting[r]):  # each row draws from its own stream
                 token = (sample_from(q[row : row + 1], generators[row], positions=j)[0] if sampler.do_sample
                          else logits[row].argmax())
@@ -140,6 +148,8 @@ class ModelDrafter(BaseDrafter):
                 break  # only rows riding along are left
             # only rows that draft on
             feed, valid = tokens[:, j : j + 1], torch.tensor(drafting, device=device)[:, None]
+        if narrowed is not None:
+            narrowed.close()
         n = max(lengths)
         draft_probs = torch.stack(probs, dim=1)[:, :n] if probs else None
         return (Draft(tokens[:, :n], draft_probs, lengths=torch.tensor(lengths, device=device)),

@@ -214,3 +214,41 @@ def test_prompt_lookup_drafts_per_row_with_its_own_lengths():
     assert out.spec_stats.rows[0].drafted > 0
     assert torch.equal(out.sequences, target.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=False,
                                                       pad_token_id=0))
+
+
+def test_rows_that_stop_drafting_leave_the_draft_forwards_and_keep_their_cache(monkeypatch):
+    """Short drafts stop early: the rows still drafting are fed alone (RowSubset), and every row drafts,
+    before and after a ragged commit, what it drafts alone."""
+    import semverify.cache
+    from semverify.drafters import model as model_drafter
+
+    narrowings = []
+    keep = semverify.cache.RowSubset.keep
+    monkeypatch.setattr(model_drafter.RowSubset, "keep", lambda self, rows: narrowings.append(rows) or keep(self, rows))
+    draft_model, sampler = tiny_model(7, arch="llama"), Sampler()
+    rows = prompts(7, lengths=(5, 9, 3, 7))
+    rounds = [([1, 2, 6, 6], [1, 2, 3, 6]), ([6, 6, 2, 1], [2, 6, 2, 1])]  # (draft lengths, tokens accepted)
+
+    def drafts(group: list[int]) -> list[tuple]:
+        drafter, sequences, out = ModelDrafter(draft_model), [rows[r] for r in group], []
+        drafter.reset_rows(sequences)
+        with torch.inference_mode():
+            for ks, accepted in rounds:
+                draft, hidden = drafter.draft_rows(sequences, [ks[r] for r in group], sampler, [None] * len(group),
+                                                   keep_hidden=True)
+                for i, r in enumerate(group):
+                    n = int(draft.lengths[i])
+                    out.append((draft.tokens[i, :n], draft.probs[i, :n], hidden[i, :n]))
+                    sequences[i] = torch.cat([sequences[i], draft.tokens[i, : accepted[r]], torch.tensor([40 + r])])
+                drafter.commit_rows([accepted[r] for r in group], torch.tensor([[40 + r] for r in group]))
+        return out
+
+    batched = drafts([0, 1, 2, 3])
+    assert narrowings == [[1, 2, 3], [2, 3], [0, 1, 2], [0, 1]]  # rows still drafting went on alone
+    alone = [drafts([r]) for r in range(4)]
+    for position, (tokens, probs, hidden) in enumerate(batched):
+        r, round_ = position % 4, position // 4
+        expected = alone[r][round_]
+        assert torch.equal(tokens, expected[0])
+        torch.testing.assert_close(probs, expected[1], rtol=1e-4, atol=1e-6)
+        torch.testing.assert_close(hidden, expected[2], rtol=1e-4, atol=1e-5)

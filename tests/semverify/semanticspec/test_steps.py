@@ -228,9 +228,24 @@ def accepting_rules():
             "step_likelihood": StepLikelihood(min_mean_logprob=-5.5)}
 
 
+@pytest.fixture(params=["one forward", "split by length"])
+def verification(request, monkeypatch):
+    """Batched verification as one forward, or split into forwards by draft length wherever lengths differ;
+    yields the forwards split (None for one forward)."""
+    from semverify import loop, width_groups
+
+    if request.param == "one forward":
+        yield None
+        return
+    splits, grouped = [], loop.grouped_forward
+    monkeypatch.setattr(width_groups, "FORWARD_OVERHEAD", 0)
+    monkeypatch.setattr(loop, "grouped_forward", lambda *args, **kw: splits.append(args[5]) or grouped(*args, **kw))
+    yield splits
+
+
 @pytest.mark.parametrize("name", list(accepting_rules()))
 @pytest.mark.parametrize("first", [False, True])
-def test_a_batch_of_step_drafts_writes_what_each_row_writes_alone(name, first):
+def test_a_batch_of_step_drafts_writes_what_each_row_writes_alone(name, first, verification):
     """Rows switch between whole steps and step tokens on their own; each draws from its own stream."""
     rule = accepting_rules()[name]
     target = tiny_model(0, vocab=len(TOK), init_std=0.3)
@@ -246,6 +261,7 @@ def test_a_batch_of_step_drafts_writes_what_each_row_writes_alone(name, first):
                                         max_new_tokens=40, sampler=sampler, generator=stream)
         assert torch.equal(out[row, ids.shape[1] : ids.shape[1] + alone.shape[1] - len(prompt)],
                            alone[0, len(prompt):])
+    assert verification is None or verification  # drafts of different lengths were verified apart
 
 
 def test_a_coupled_batch_rejecting_every_step_is_coupled_target_decoding():
@@ -285,7 +301,7 @@ def rider_rule():
 
 
 @pytest.mark.parametrize("coupled", [False, True])
-def test_token_drafts_ride_along_with_step_drafts_and_rows_still_write_what_they_write_alone(coupled):
+def test_token_drafts_ride_along_with_step_drafts_and_rows_still_write_what_they_write_alone(coupled, verification):
     """Greedy or coupled: a row the target writes drafts on while other rows draft steps (beyond token_k),
     and the batch changes no row's output."""
     from semverify.coupling import CoupledNoise
@@ -310,6 +326,7 @@ def test_token_drafts_ride_along_with_step_drafts_and_rows_still_write_what_they
         assert max(alone.token_lengths) <= 2
         assert torch.equal(out[row, ids.shape[1] : ids.shape[1] + expected.shape[1] - len(prompt)],
                            expected[0, len(prompt):])
+    assert verification is None or verification
 
 
 @pytest.mark.parametrize(("draws", "rides"), [("greedy", True), ("coupled", True), ("torch", False)])
