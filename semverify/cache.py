@@ -177,20 +177,15 @@ class RowSubset:
 
     def spread(self, x: torch.Tensor) -> torch.Tensor:
         """A forward's output for the kept rows, as a full batch (zeros in the other rows)."""
-        return spread(x, self.rows, self.batch)
+        full = x.new_zeros(self.batch, *x.shape[1:])
+        full[self._index(x.device)] = x
+        return full
 
     def close(self) -> None:
         """Append the columns fed since the first narrowing to the full cache."""
-        if self.columns and self.part is not self.full:
+        if self.columns:  # (columns are only fed after a narrowing)
             last = (self.rows, self.part.last_columns(len(self.columns)))
             self.full.append_columns([*self.left, last], torch.cat(self.columns, dim=1))
 
     def _index(self, device: torch.device) -> torch.LongTensor:
         return torch.tensor(self.rows, dtype=torch.long, device=device)
-
-
-def spread(x: torch.Tensor, rows: list[int], batch: int) -> torch.Tensor:
-    """An output for some ``rows`` of a batch, as the whole batch (zeros in the other rows)."""
-    full = x.new_zeros(batch, *x.shape[1:])
-    full[torch.tensor(rows, dtype=torch.long, device=x.device)] = x
-    return full
