@@ -76,10 +76,19 @@ class RowCache:
     def keep(self, kept: torch.BoolTensor) -> None:
         """Of the last ``kept.shape[1]`` columns, keep in each row those ``kept`` marks (and that were
         valid); the others become holes. Then crop and pack."""
-        width, kept = kept.shape[1], kept.to(self.device)
-        recent = self.valid[:, self.length - width :]
-        self.next_position -= (recent & ~kept).sum(-1)
-        self.valid[:, self.length - width :] = recent & kept
+        width, valid = kept.shape[1], self.valid.clone()
+        valid[:, self.length - width :] &= kept.to(self.device)
+        self._hold(valid)
+
+    def keep_counts(self, counts: list[int]) -> None:
+        """Keep each row's first ``counts[b]`` tokens (in column order); its later tokens become holes."""
+        counts = torch.tensor(counts, device=self.device)
+        self._hold(self.valid & (self.valid.long().cumsum(-1) <= counts[:, None]))
+
+    def _hold(self, valid: torch.BoolTensor) -> None:
+        """Hold only the tokens ``valid`` marks (a subset of those held), then crop and pack."""
+        self.next_position -= (self.valid & ~valid).sum(-1)
+        self.valid = valid
         used = self.valid.any(0).nonzero()
         keep_first(self.cache, int(used[-1]) + 1 if len(used) else 0)
         self.valid = self.valid[:, : self.cache.get_seq_length()]

@@ -72,16 +72,19 @@ class Rows:
         """Each row's stream (coupled noise at the row's next output position)."""
         return [at_offset(s, len(new)) for s, new in zip(self.streams, self.new)]
 
-    def record(self, draft: Draft, paths: list[list[int]], verdict: Verdict, emitted: list[Emitted],
+    def record(self, draft: Draft, ready: list[int], paths: list[list[int]], verdict: Verdict, emitted: list[Emitted],
                draft_time: float, verify_time: float, total_time: float) -> list[StepOutcome]:
-        """Add each row's emitted tokens and count the step in its statistics; returns the outcomes."""
+        """Add the ``ready`` rows' emitted tokens and count the step in their statistics (``draft``, ``paths``,
+        ``verdict`` and ``emitted`` are theirs); a waiting row only spent the draft time. Returns the outcomes."""
         outcomes = []
-        for i, e in enumerate(emitted):
-            self.new[i] += e.tokens.tolist()
+        for i, (row, e) in enumerate(zip(ready, emitted)):
+            self.new[row] += e.tokens.tolist()
             outcomes.append(StepOutcome(_row_length(draft, i), e.accepted, e.tokens[None], _row(verdict, i)))
-            self.stats[i].record_step(outcomes[-1], e.reasons, len(paths[i]), draft_time=draft_time,
-                                      verify_time=verify_time)
-            self.stats[i].total_time = total_time
+            self.stats[row].record_step(outcomes[-1], e.reasons, len(paths[i]), draft_time=draft_time,
+                                        verify_time=verify_time)
+        for row, stats in enumerate(self.stats):
+            stats.draft_time += 0.0 if row in ready else draft_time
+            stats.total_time = total_time
         return outcomes
 
     def keep(self, going: list[int]) -> None:
@@ -131,29 +134,42 @@ def speculative_generate(
             draft = (drafts.propose_rows(sequences, ks, sampler, gens) if max(ks) > 0
                      else Draft.empty(len(rows), input_ids.device))
             _check_draft(draft, ks, rule, sampler)
+            # rows whose draft is unfinished (a long step draft) sit this step out
+            ready = None if draft.waiting is None else (~draft.waiting).nonzero().flatten().tolist()
             t1 = clock()  # 2. one target forward over the unseen tokens and the drafts; the rule
             start = cache.length + pending.shape[1]  # the draft's tokens enter the cache here
             x = verify_input(target, cache, pending, pending_valid, draft, sampler, sequences, gens,
-                             rule.needs_hidden_states or drafter.needs_target_hidden, one_row=len(prompts) == 1)
-            paths, verdict = verify_rows(rule, x)
+                             rule.needs_hidden_states or drafter.needs_target_hidden, one_row=len(prompts) == 1,
+                             ready=ready)
+            ready = list(range(len(rows))) if ready is None else ready
+            paths, verdict = verify_rows(rule, x)  # over the ready rows
             t2 = clock()  # 3. emit each row's accepted path and the rule's token; cache exactly that
-            emitted = [emit(draft, i, p, verdict, eos, sequences[i], stopping_criteria) for i, p in enumerate(paths)]
-            accepted = [e.accepted for e in emitted]
-            commit_cache(cache, start, pending.shape[1], draft, paths, accepted)
-            drafts.commit_rows(accepted, verdict.next_token, path_hidden(x.target_hidden, paths))
-            drafts.feedback_rows(rows.record(draft, paths, verdict, emitted, t1 - t0, t2 - t1, t2 - started))
+            emitted = [emit(x.draft, i, p, verdict, eos, sequences[r], stopping_criteria)
+                       for i, (r, p) in enumerate(zip(ready, paths))]
+            accepted = spread([e.accepted for e in emitted], ready, len(rows))
+            commit_cache(cache, start, pending.shape[1], draft, spread(paths, ready, len(rows), []),
+                         [n or 0 for n in accepted])
+            next_tokens = pending[:, -1].clone()
+            next_tokens[ready] = verdict.next_token
+            drafts.commit_rows(accepted, next_tokens, spread(path_hidden(x.target_hidden, paths), ready, len(rows)))
+            outcomes = rows.record(x.draft, ready, paths, verdict, emitted, t1 - t0, t2 - t1, t2 - started)
+            drafts.feedback_rows(spread(outcomes, ready, len(rows)))
             if streamer is not None:
                 streamer.put(emitted[0].tokens[None].cpu())
             if on_step is not None:
                 on_step(StepEvent(sum(s.steps for s in rows.all_stats), rows.padded(input_ids, pad_token_id),
-                                  cache.cache, drafter, draft, verdict))
-            going = [i for i, e in enumerate(emitted) if not e.ended and len(rows.new[i]) < max_new_tokens]
+                                  cache.cache, drafter, x.draft, verdict))
+            ended = spread([e.ended for e in emitted], ready, len(rows), False)
+            going = [i for i in range(len(rows)) if not ended[i] and len(rows.new[i]) < max_new_tokens]
             if len(going) < len(rows):  # 4. finished rows leave the batch
                 cache.select(torch.tensor(going, dtype=torch.long, device=input_ids.device))
                 drafts.keep_rows(going)
                 rows.keep(going)
-            sampler, pending = sampler.rows(going), verdict.next_token[going, None]
-            pending_valid = torch.ones_like(pending, dtype=torch.bool)
+            # what the target has not seen: a verified row's new token; a waiting row's tokens as they were
+            unseen = [pending[i, pending_valid[i]] for i in range(len(pending))]
+            for i, token in zip(ready, verdict.next_token):
+                unseen[i] = token[None]
+            sampler, (pending, pending_valid) = sampler.rows(going), left_pad([unseen[i] for i in going])
     if streamer is not None:
         streamer.end()
     return rows.padded(input_ids, pad_token_id), SpecStats.pooled(rows.all_stats, clock() - started)
@@ -161,13 +177,19 @@ def speculative_generate(
 
 def verify_input(target: PreTrainedModel, cache: RowCache, pending: torch.LongTensor, pending_valid: torch.BoolTensor,
                  draft: Draft, sampler: Sampler, sequences: list[torch.LongTensor], generators: list,
-                 want_hidden: bool, one_row: bool) -> VerifyInput:
+                 want_hidden: bool, one_row: bool, ready: list[int] | None = None) -> VerifyInput:
     """Run the target once over each row's unseen tokens and its draft (extending ``cache``) and build what
-    the rule sees: the warped logits of the draft positions and the one after, and hidden states on request."""
+    the rule sees: the warped logits of the draft positions and the one after, and hidden states on request.
+    ``ready``: the only rows fed and judged (the others wait for their draft; their new columns are holes)."""
+    if ready is not None and draft.branches:
+        raise NotImplementedError("a tree draft cannot leave rows waiting")
     inputs, new_valid = target_inputs(cache, pending, pending_valid, draft, target.dtype)
-    ragged_chains = draft.lengths is not None and not draft.branches and cache.device.type == "cpu"
-    lengths = draft.lengths.tolist() if ragged_chains else None  # (an accelerator pads at almost no cost)
-    groups = None if lengths is None else width_groups(lengths, pending.shape[1])
+    fed = list(range(len(new_valid))) if ready is None else ready
+    new_valid[[i for i in range(len(new_valid)) if i not in fed]] = False  # a waiting row's columns are holes
+    lengths = None if draft.lengths is None or draft.branches else draft.lengths.tolist()
+    split = (width_groups([lengths[i] for i in fed], pending.shape[1])  # ragged chains (an accelerator pads cheaply)
+             if lengths is not None and cache.device.type == "cpu" else None)
+    groups = [[fed[i] for i in group] for group in split] if split else None if ready is None else [ready]
     if groups is None:
         out = target(**inputs, logits_to_keep=draft.length + 1, output_hidden_states=want_hidden)
         cache.extend(new_valid)
@@ -175,9 +197,31 @@ def verify_input(target: PreTrainedModel, cache: RowCache, pending: torch.LongTe
     else:  # ragged chains: rows of similar length verified together, none padded to the longest
         logits, hidden = grouped_forward(target, cache, torch.cat([pending, draft.tokens], dim=1), new_valid, lengths,
                                          groups, want_hidden)
+    if ready is not None:
+        draft, sampler, logits = draft.select(ready), sampler.rows(ready), logits[ready]
+        hidden = None if hidden is None else hidden[ready]
+        sequences, generators = [sequences[i] for i in ready], [generators[i] for i in ready]
     return VerifyInput(draft, sampler.warp(logits, sequences, draft.tokens), sampler.do_sample, hidden,
                        generators[0] if len(generators) == 1 else generators,
                        extend=extender(target, cache) if one_row and not draft.is_tree else None)
+
+
+def spread(values: list, ready: list[int], batch: int, fill=None) -> list:
+    """Per-row ``values`` of the ``ready`` rows as a list over the whole batch, ``fill`` for the others."""
+    out = [fill] * batch
+    for i, value in zip(ready, values):
+        out[i] = value
+    return out
+
+
+def left_pad(tokens: list[torch.LongTensor]) -> tuple[torch.LongTensor, torch.BoolTensor]:
+    """Rows of different lengths as one left-padded [B, W] batch, and which columns are real."""
+    width = max((len(t) for t in tokens), default=0)
+    out = torch.zeros(len(tokens), width, dtype=torch.long, device=tokens[0].device if tokens else None)
+    valid = torch.zeros(len(tokens), width, dtype=torch.bool, device=out.device)
+    for row, t in enumerate(tokens):
+        out[row, width - len(t) :], valid[row, width - len(t) :] = t, True
+    return out, valid
 
 
 def path_hidden(hidden: torch.Tensor | None, paths: list[list[int]]) -> list[torch.Tensor | None]:

@@ -25,7 +25,8 @@ class Draft:
     how many of each row's tokens are real when rows drafted different numbers (the rest is padding).
     ``rows``: each row's own one-row draft, when the rows of a batch drafted apart (a tree per row, a
     whole step or step tokens per row); its tokens are the row's first ``lengths[b]`` columns, and the
-    rule judges each row on it.
+    rule judges each row on it. ``waiting`` marks rows whose draft is not finished yet (a long step draft
+    in a batch): they show no tokens, sit out this step's verification, and draft on at the next.
     """
 
     tokens: torch.LongTensor  # [B, n]
@@ -33,6 +34,7 @@ class Draft:
     parents: torch.LongTensor | None = None  # [n]
     lengths: torch.LongTensor | None = None  # [B]
     rows: list[Draft] | None = None  # [B] one-row drafts
+    waiting: torch.BoolTensor | None = None  # [B] rows still drafting: no tokens, not verified this step
 
     def __post_init__(self) -> None:
         if self.tokens.dim() != 2:
@@ -68,6 +70,13 @@ class Draft:
             return self
         n = self.length if self.lengths is None else int(self.lengths[b])
         return Draft(self.tokens[b : b + 1, :n], None if self.probs is None else self.probs[b : b + 1, :n])
+
+    def select(self, rows: list[int]) -> Draft:
+        """The draft of the batch rows ``rows`` only, as wide as this one."""
+        index = torch.tensor(rows, dtype=torch.long, device=self.tokens.device)
+        return Draft(self.tokens[index], None if self.probs is None else self.probs[index], self.parents,
+                     None if self.lengths is None else self.lengths[index],
+                     None if self.rows is None else [self.rows[i] for i in rows])
 
     def row_parents(self) -> torch.LongTensor:
         """[B, n] every row's parents (a chain row's node i hangs from node i-1); padding nodes hang from the root."""

@@ -59,12 +59,13 @@ class RowDrafter(Protocol):
                      generators: list) -> Draft:
         """Up to ``ks[b]`` tokens after each row's sequence, padded to one width with their ``lengths``."""
 
-    def commit_rows(self, accepted: list[int], next_tokens: torch.LongTensor,
+    def commit_rows(self, accepted: list[int | None], next_tokens: torch.LongTensor,
                     target_hidden: list[torch.Tensor | None]) -> None:
-        """Each row kept its first ``accepted[b]`` draft tokens, then ``next_tokens[b]``."""
+        """Each row kept its first ``accepted[b]`` draft tokens, then ``next_tokens[b]``; None: the row's draft
+        was ``Draft.waiting`` and nothing was verified (only a drafter that leaves rows waiting sees it)."""
 
-    def feedback_rows(self, outcomes: list[StepOutcome]) -> None:
-        """How the last step went for each row."""
+    def feedback_rows(self, outcomes: list[StepOutcome | None]) -> None:
+        """How the last step went for each row (None for a row that waited)."""
 
     def keep_rows(self, rows: list[int]) -> None:
         """Only the rows at these indices generate on."""

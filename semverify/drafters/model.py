@@ -3,7 +3,7 @@ cache rolled back to each row's accepted prefix."""
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import torch
 from transformers import PreTrainedModel
@@ -16,6 +16,14 @@ from ..types import Draft, StepOutcome, eos_ids
 from .base import BaseDrafter
 
 Stop = Callable[[list[int]], bool]  # whether a row's draft tokens so far end its draft
+
+
+class Unfinished(NamedTuple):
+    """A row's draft so far, while it waits for the next call (see `ModelDrafter.draft_rows`)."""
+
+    tokens: torch.LongTensor  # [n]
+    probs: torch.Tensor  # [n, V]
+    hidden: torch.Tensor | None  # [n, H]
 
 
 class ModelDrafter(BaseDrafter):
@@ -54,8 +62,9 @@ class ModelDrafter(BaseDrafter):
             eos_token_id = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
         self.eos = set(eos_ids(eos_token_id))
         self.rows: RowCache | None = None
-        self.fed: list[int] = []  # tokens of each row's sequence held in the cache
-        self._added: list[torch.BoolTensor] = []  # columns fed during the last draft, per forward
+        self.fed: list[int] = []  # tokens of each row's sequence (then its unverified draft) held in the cache
+        self.partial: list[Unfinished | None] = []  # per row: the draft it waits to finish
+        self._base: list[int] = []  # each row's sequence length at the last draft
 
     @property
     def cache(self):
@@ -67,7 +76,7 @@ class ModelDrafter(BaseDrafter):
 
     def reset_rows(self, prompts: list[torch.LongTensor]) -> None:
         self.rows = RowCache(self.model, len(prompts), role="draft model")
-        self.fed = [0] * len(prompts)
+        self.fed, self.partial, self._base = [0] * len(prompts), [None] * len(prompts), [0] * len(prompts)
         self.lengths = [self.start] * len(prompts)
 
     def propose(self, input_ids: torch.LongTensor, k: int, sampler: Sampler,
@@ -83,35 +92,42 @@ class ModelDrafter(BaseDrafter):
 
     def draft_rows(self, sequences: list[torch.LongTensor], ks: list[int], sampler: Sampler, generators: list,
                    stop: Stop | list[Stop | None] | None = None, keep_hidden: bool = False,
-                   ride_to: list[int] | None = None) -> tuple[Draft, torch.Tensor | None]:
+                   ride_to: list[int] | None = None, rounds: int | None = None) -> tuple[Draft, torch.Tensor | None]:
         """Up to ``ks[b]`` tokens after each row's sequence, drafted together: one forward per draft
         token for all rows still drafting. ``stop``: one test for every row, or one per row (None: none).
         ``ride_to``: a row may draft on to this length while another row still drafts within its own
-        ``ks`` (the batched forwards run for it anyway). Returns the padded draft with its ``lengths``
-        (and hidden states)."""
+        ``ks`` (the batched forwards run for it anyway). ``rounds``: once this many forwards have run and
+        some row has finished, rows still drafting stop here and wait (``Draft.waiting``): they draft on
+        where they stopped at the next call, with the same ``ks`` and ``stop``, and are not verified
+        meanwhile. Returns the padded draft with its ``lengths`` (and hidden states)."""
         if self.adaptive:
             ks = [min(k, length) for k, length in zip(ks, self.lengths)]
         elif self.planner is not None:  # one length for the batch, planned from the pooled acceptance
             planned = self.planner.choose()
             ks = [min(k, planned) for k in ks]
-        batch = len(sequences)
+        batch, device = len(sequences), self.model.device
         caps = ks if ride_to is None else [max(k, r) for k, r in zip(ks, ride_to)]
         most = max(caps)
+        self._base = [len(seq) for seq in sequences]
         if max(ks) == 0:  # plain decoding this step; the cache catches up at the next draft
-            self._added = []
             return Draft.empty(batch, sequences[0].device), None
         stops = stop if isinstance(stop, list) else [stop] * batch
-        pending = [seq[fed:] for seq, fed in zip(sequences, self.fed)]  # tokens the cache has not seen
+        tokens = torch.zeros(batch, most, dtype=torch.long, device=device)
+        lengths = [0] * batch
+        for row, part in enumerate(self.partial):  # rows that waited draft on from where they stopped
+            if part is not None:
+                lengths[row] = len(part.tokens)
+                tokens[row, : len(part.tokens)] = part.tokens
+        # tokens the cache has not seen, right-aligned: the last column is every row's newest token
+        pending = [torch.cat([seq, tokens[row, : lengths[row]].to(seq.device)])[fed:]
+                   for row, (seq, fed) in enumerate(zip(sequences, self.fed))]
         width = max(len(p) for p in pending)
-        device = self.model.device
         feed = torch.zeros(batch, width, dtype=torch.long, device=device)
         valid = torch.zeros(batch, width, dtype=torch.bool, device=device)
-        for row, p in enumerate(pending):  # right-aligned: the last column is every row's newest token
+        for row, p in enumerate(pending):
             feed[row, width - len(p) :], valid[row, width - len(p) :] = p, True
-        tokens = torch.zeros(batch, most, dtype=torch.long, device=device)
-        probs, hidden, lengths = [], [], [0] * batch
-        drafting = [k > 0 for k in ks]
-        self._added = []
+        drafting = [k > n for k, n in zip(ks, lengths)]
+        probs = hidden = None  # [B, most, V] and [B, most, H], filled per row at its own positions
         narrowed = None  # on a CPU, once a quarter of the rows fed have stopped, only rows still drafting are fed
         for j in range(most):
             if not any(drafting):
@@ -124,67 +140,82 @@ class ModelDrafter(BaseDrafter):
             fed = self.rows if narrowed is None else narrowed
             out = self.model(**fed.inputs(feed, valid), logits_to_keep=1, output_hidden_states=keep_hidden)
             fed.extend(valid)
-            self._added.append(valid)
+            self.fed = [n + int(v.sum()) for n, v in zip(self.fed, valid)]
             logits = out.logits[:, -1] if narrowed is None else narrowed.spread(out.logits[:, -1])
             prefixes = None if sampler.processors is None else [  # logits processors see each row's prefix
                 torch.cat([seq, tokens[row, : lengths[row]]]) for row, seq in enumerate(sequences)]
             q = sampler.probs(logits, prefixes)
-            probs.append(q)
+            probs = q.new_zeros(batch, most, q.shape[-1]) if probs is None else probs
             if keep_hidden:
                 last = out.hidden_states[-1][:, -1]
-                hidden.append(last if narrowed is None else narrowed.spread(last))
-            for row in (r for r in range(batch) if drafting[r]):  # each row draws from its own stream
-                token = (sample_from(q[row : row + 1], generators[row], positions=j)[0] if sampler.do_sample
+                last = last if narrowed is None else narrowed.spread(last)
+                hidden = last.new_zeros(batch, most, last.shape[-1]) if hidden is None else hidden
+            for row in active:  # each row draws from its own stream, at its own draft position
+                n = lengths[row]
+                token = (sample_from(q[row : row + 1], generators[row], positions=n)[0] if sampler.do_sample
                          else logits[row].argmax())
-                tokens[row, j] = token
-                lengths[row] += 1
-                row_tokens = tokens[row, : lengths[row]].tolist()
+                tokens[row, n], probs[row, n] = token, q[row]
+                if keep_hidden:
+                    hidden[row, n] = last[row]
+                lengths[row] = n + 1
+                row_tokens = tokens[row, : n + 1].tolist()
                 drafting[row] = not (lengths[row] == caps[row] or int(token) in self.eos
                                      or (stops[row] is not None and stops[row](row_tokens))
                                      or (self.confidence_threshold is not None
                                          and float(q[row].max()) < self.confidence_threshold)
                                      or (self.entropy_stop is not None and float(entropy(q[row])) > self.entropy_stop))
-            if not any(d and n < k for d, n, k in zip(drafting, lengths, ks)):
-                break  # only rows riding along are left
+            owing = [d and n < k for d, n, k in zip(drafting, lengths, ks)]  # rows short of their own draft
+            if not any(owing) or (rounds is not None and j + 1 >= rounds and not all(owing)):
+                break  # only rows riding along are left, or rows that owe more wait for the next call
             # only rows that draft on
-            feed, valid = tokens[:, j : j + 1], torch.tensor(drafting, device=device)[:, None]
+            feed = tokens.gather(1, (torch.tensor(lengths, device=device)[:, None] - 1).clamp_min(0))
+            valid = torch.tensor(drafting, device=device)[:, None]
         if narrowed is not None:
             narrowed.close()
+        return self._finish(tokens, probs, hidden, lengths, owing, keep_hidden)
+
+    def _finish(self, tokens: torch.LongTensor, probs: torch.Tensor, hidden: torch.Tensor | None, lengths: list[int],
+                waiting: list[bool], keep_hidden: bool) -> tuple[Draft, torch.Tensor | None]:
+        """The draft of the rows that finished (each row's earlier part, from its last call, put first);
+        rows still waiting keep theirs in ``partial`` and show no tokens."""
+        for row, part in enumerate(self.partial):
+            if part is not None:
+                probs[row, : len(part.tokens)] = part.probs
+                if keep_hidden and part.hidden is not None:
+                    hidden[row, : len(part.tokens)] = part.hidden
+        self.partial = [Unfinished(tokens[row, :n].clone(), probs[row, :n].clone(),
+                                   None if hidden is None else hidden[row, :n].clone())
+                        if wait else None for row, (n, wait) in enumerate(zip(lengths, waiting))]
+        lengths = [0 if wait else n for n, wait in zip(lengths, waiting)]
         n = max(lengths)
-        draft_probs = torch.stack(probs, dim=1)[:, :n] if probs else None
-        return (Draft(tokens[:, :n], draft_probs, lengths=torch.tensor(lengths, device=device)),
-                torch.stack(hidden, dim=1)[:, :n] if keep_hidden and hidden else None)
+        draft = Draft(tokens[:, :n], probs[:, :n], lengths=torch.tensor(lengths, device=tokens.device),
+                      waiting=torch.tensor(waiting, device=tokens.device) if any(waiting) else None)
+        return draft, hidden[:, :n] if keep_hidden and hidden is not None else None
 
     def commit(self, n_accepted: int, next_token: torch.LongTensor, target_hidden=None) -> None:
         self.commit_rows([n_accepted], next_token, [target_hidden])
 
-    def commit_rows(self, accepted: list[int], next_tokens: torch.LongTensor, target_hidden=None) -> None:
-        """Keep in each row's cache its new tokens up to its accepted draft tokens; the rest become holes.
-        Column 0 of the last draft held the pending tokens, column j the draft token j-1 of rows still drafting."""
-        if not self._added:
-            return
-        kept = [self._added[0]] + [valid & torch.tensor([[j - 1 < n] for n in accepted], device=valid.device)
-                                   for j, valid in enumerate(self._added[1:], start=1)]
-        kept = torch.cat(kept, dim=1)
-        self.fed = [fed + int(k.sum()) for fed, k in zip(self.fed, kept)]
-        self.rows.keep(kept)
-        self._added = []
+    def commit_rows(self, accepted: list[int | None], next_tokens: torch.LongTensor, target_hidden=None) -> None:
+        """Keep in each row's cache its sequence and its accepted draft tokens (the rest become holes); a row
+        that waits (``None``) keeps everything it drafted so far."""
+        self.fed = [fed if n is None else min(fed, base + n) for fed, base, n in zip(self.fed, self._base, accepted)]
+        self.rows.keep_counts(self.fed)
 
     def feedback_rows(self, outcomes: list[StepOutcome]) -> None:
         """Adaptive lengths: +2 after a fully accepted draft, -1 otherwise (never below 1); a planner counts
-        the acceptance of every draft."""
+        the acceptance of every draft. A row that waited (None) learns nothing."""
         if self.planner is not None:
             for o in outcomes:
-                if o.drafted:
+                if o is not None and o.drafted:
                     self.planner.update(o.drafted, o.accepted)
         if self.adaptive:
-            self.lengths = [length + 2 if o.drafted and o.accepted == o.drafted else max(1, length - 1)
-                            for length, o in zip(self.lengths, outcomes)]
+            self.lengths = [length if o is None else length + 2 if o.drafted and o.accepted == o.drafted
+                            else max(1, length - 1) for length, o in zip(self.lengths, outcomes)]
 
     def feedback(self, outcome: StepOutcome) -> None:
         self.feedback_rows([outcome])
 
     def keep_rows(self, rows: list[int]) -> None:
         self.rows.select(torch.tensor(rows, dtype=torch.long))
-        self.fed = [self.fed[i] for i in rows]
-        self.lengths = [self.lengths[i] for i in rows]
+        for name in ("fed", "partial", "_base", "lengths"):
+            setattr(self, name, [getattr(self, name)[i] for i in rows])

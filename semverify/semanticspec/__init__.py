@@ -51,20 +51,23 @@ def make_semanticspec(context: RunContext, draft_probe: str | SemanticProbe | No
     return SemanticStepRule(load(draft_probe), load(target_probe), r_min=r_min, **veto)
 
 
-def _step_drafter(resources: DraftResources, k: int, int8: bool = False) -> StepDrafter:
+def _step_drafter(resources: DraftResources, k: int, int8: bool = False, rounds: int = 16) -> StepDrafter:
     if resources.tokenizer is None:
         raise ValueError("steps end at text breaks: the step drafter needs the tokenizer (tokenizer= in generate())")
     return StepDrafter(resources.draft_model_int8 if int8 else resources.draft_model,
-                       StepSegmenter(resources.tokenizer, max_step_tokens=k), eos_token_id=resources.eos_token_id)
+                       StepSegmenter(resources.tokenizer, max_step_tokens=k), eos_token_id=resources.eos_token_id,
+                       rounds=int(rounds))
 
 
 register_rule("semanticspec", make_semanticspec, contextual=True)
 register_rule("step_likelihood", StepLikelihood)
 register_rule("specreason", lambda context, **params: SpecReason(context.tokenizer, **params), contextual=True)
-register_drafter(DrafterKind("step", _step_drafter, StepDrafter, needs=("draft_model",), default_k=128, step_cap=True))
+register_drafter(DrafterKind("step", _step_drafter, StepDrafter, needs=("draft_model",), settings=("rounds",),
+                             default_k=128, step_cap=True))
 # the same steps written by the int8 draft: where drafting, not verification, bounds a step rule's speed
-register_drafter(DrafterKind("step_int8", lambda resources, k: _step_drafter(resources, k, int8=True), StepDrafter,
-                             needs=("draft_model_int8",), default_k=128, step_cap=True))
+register_drafter(DrafterKind("step_int8", lambda resources, k, **kw: _step_drafter(resources, k, True, **kw),
+                             StepDrafter, needs=("draft_model_int8",), settings=("rounds",), default_k=128,
+                             step_cap=True))
 # whole steps of up to k tokens; probes found by the models' names
 register_method(Method("semanticspec", "step", "semanticspec", {"r_min": 0.5}, k=128))
 register_method(Method("step_likelihood", "step", "step_likelihood", {"min_mean_logprob": -0.5}, k=128))

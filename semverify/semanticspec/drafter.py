@@ -32,17 +32,22 @@ class StepDrafter(ModelDrafter):
     would write alone. Where draws depend on their positions only (greedy, coupled noise), a batch's
     token drafts ride along with its step drafts, up to the step cap: the forwards run for them anyway,
     and a row that the target writes then advances a whole step per verification rather than
-    ``token_k`` tokens.
+    ``token_k`` tokens. ``rounds``: in a batch, a step draft still unfinished after this many draft forwards
+    waits and goes on at the next step, while the rows beside it are verified (see `ModelDrafter.draft_rows`),
+    so rows the target writes do not wait for the longest step of the batch (0: every draft finishes in its
+    step); outputs are the same either way.
     """
 
     batching = "rows"
 
     def __init__(self, model, segmenter: StepSegmenter, token_k: int = 5, target_first_step: bool = True,
-                 confidence_threshold: float | None = None, eos_token_id: int | list[int] | None = None) -> None:
+                 confidence_threshold: float | None = None, eos_token_id: int | list[int] | None = None,
+                 rounds: int = 16) -> None:
         super().__init__(model, confidence_threshold, eos_token_id)
-        if token_k < 0:
-            raise ValueError(f"token_k must be >= 0, got {token_k}")
+        if token_k < 0 or rounds < 0:
+            raise ValueError(f"token_k and rounds must be >= 0, got {token_k} and {rounds}")
         self.segmenter, self.token_k, self.target_first_step = segmenter, token_k, target_first_step
+        self.rounds = rounds or None
         self.writing: list[str] = []  # per row: who writes its current step, "draft" or "target"
         self.step_start: list[int] = []  # per row: where its current step starts in its sequence
         self._last: list[Draft] = []
@@ -69,15 +74,18 @@ class StepDrafter(ModelDrafter):
         if any(steps) and not all(steps) and draws_by_position(sampler, generators):
             ride_to = [0 if step else min(k, self.segmenter.max_step_tokens) for k, step in zip(ks, steps)]
         draft, hidden = self.draft_rows(sequences, caps, sampler, generators, stop=stops, keep_hidden=any(steps),
-                                        ride_to=ride_to)
+                                        ride_to=ride_to, rounds=self.rounds)
         lengths = [0] * len(sequences) if draft.lengths is None else draft.lengths.tolist()
         for row, (step, n) in enumerate(zip(steps, lengths)):
             if not step and n and stops[row](draft.tokens[row, :n].tolist()):
                 lengths[row] = n - 1  # the target writes the break that ends its step (see _completes_step)
+        waiting = [False] * len(sequences) if draft.waiting is None else draft.waiting.tolist()
         self._last = []
         for row, (step, n) in enumerate(zip(steps, lengths)):
             tokens, probs = draft.tokens[row : row + 1, :n], None if n == 0 else draft.probs[row : row + 1, :n]
-            if step:
+            if waiting[row]:  # its step draft goes on at the next call
+                self._last.append(StepDraft(tokens, probs))
+            elif step:
                 pooled = hidden[row : row + 1, :n].mean(dim=1) if hidden is not None and n else None
                 self._last.append(StepDraft(tokens, probs, pooled_hidden=pooled))
                 self.step_start[row] = len(sequences[row])
@@ -86,7 +94,7 @@ class StepDrafter(ModelDrafter):
         width = max(lengths, default=0)
         probs = None if draft.probs is None else draft.probs[:, :width]
         return Draft(draft.tokens[:, :width], probs, lengths=torch.tensor(lengths, device=draft.tokens.device),
-                     rows=list(self._last))
+                     rows=list(self._last), waiting=draft.waiting)
 
     def _completes_step(self, written: list[int]):
         """The stop of a row's token draft while the target writes its step (``written`` so far): the
@@ -98,7 +106,7 @@ class StepDrafter(ModelDrafter):
     def commit_rows(self, accepted: list[int], next_tokens: torch.LongTensor, target_hidden=None) -> None:
         super().commit_rows(accepted, next_tokens, target_hidden)
         for row, (last, n) in enumerate(zip(self._last, accepted)):
-            if isinstance(last, StepDraft) and last.length:
+            if n is not None and isinstance(last, StepDraft) and last.length:
                 if n == last.length:
                     self.step_start[row] += last.length  # the target's bonus token opens the next step
                 else:

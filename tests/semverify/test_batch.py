@@ -252,3 +252,95 @@ def test_rows_that_stop_drafting_leave_the_draft_forwards_and_keep_their_cache(m
         assert torch.equal(tokens, expected[0])
         torch.testing.assert_close(probs, expected[1], rtol=1e-4, atol=1e-6)
         torch.testing.assert_close(hidden, expected[2], rtol=1e-4, atol=1e-5)
+
+
+def test_rows_that_wait_finish_their_draft_at_the_next_call_as_they_would_alone():
+    """With ``rounds``, a batch's draft call stops once a row has finished and the rounds are spent; the rows
+    still drafting wait and draft on at the next call: each row's finished drafts (tokens, the coupled draws at
+    its own positions, probabilities, hidden states) are those it drafts alone, before and after commits."""
+    from semverify.coupling import CoupledNoise, at_offset
+
+    draft_model, sampler = tiny_model(7, arch="llama"), Sampler(True, 0.8)
+    rows = prompts(8, lengths=(5, 9, 3, 7))
+    plans = [[(1, 1), (6, 2)], [(6, 6), (2, 0)], [(3, 1), (1, 1)], [(6, 3), (6, 6)]]  # per row: (k, accepted)
+
+    def drafts(group: list[int]) -> tuple[list[list[tuple]], int]:
+        drafter, sequences = ModelDrafter(draft_model, eos_token_id=[]), [rows[r] for r in group]
+        drafter.reset_rows(sequences)
+        done, waits = [[] for _ in group], 0
+        with torch.inference_mode():
+            while any(len(d) < len(plans[r]) for d, r in zip(done, group)):
+                ks = [plans[r][len(d)][0] if len(d) < len(plans[r]) else 0 for d, r in zip(done, group)]
+                noise = [at_offset(CoupledNoise(3, r), len(s) - len(rows[r])) for s, r in zip(sequences, group)]
+                draft, hidden = drafter.draft_rows(sequences, ks, sampler, noise, keep_hidden=True, rounds=2)
+                waiting = [False] * len(group) if draft.waiting is None else draft.waiting.tolist()
+                waits += sum(waiting)
+                accepted = []
+                for i, r in enumerate(group):
+                    if waiting[i] or not ks[i]:
+                        accepted.append(None if waiting[i] else 0)
+                        continue
+                    n, kept = int(draft.lengths[i]), plans[r][len(done[i])][1]
+                    done[i].append((draft.tokens[i, :n], draft.probs[i, :n], hidden[i, :n]))
+                    sequences[i] = torch.cat([sequences[i], draft.tokens[i, :kept], torch.tensor([40 + r])])
+                    accepted.append(kept)
+                drafter.commit_rows(accepted, torch.tensor([[40 + r] for r in group]))
+        return done, waits
+
+    batched, waits = drafts([0, 1, 2, 3])
+    assert waits > 0  # rows waited
+    for r in range(4):
+        alone, alone_waits = drafts([r])
+        assert alone_waits == 0  # a lone row never waits
+        for (tokens, probs, hidden), expected in zip(batched[r], alone[0], strict=True):
+            assert torch.equal(tokens, expected[0])
+            torch.testing.assert_close(probs, expected[1], rtol=1e-4, atol=1e-6)
+            torch.testing.assert_close(hidden, expected[2], rtol=1e-4, atol=1e-5)
+
+
+class WaitingDrafter:
+    """A scripted row drafter: row 0 waits (draft unfinished) at the first ``waits`` steps, then no row drafts."""
+
+    gives_probs, needs_target_hidden, batching = True, False, "rows"
+
+    def __init__(self, waits: int) -> None:
+        self.waits, self.accepted = waits, []
+
+    def reset_rows(self, prompts):
+        self.batch = len(prompts)
+
+    def propose_rows(self, sequences, ks, sampler, generators):
+        from semverify.types import Draft
+
+        draft = Draft(torch.zeros(len(sequences), 0, dtype=torch.long), lengths=torch.zeros(len(sequences),
+                                                                                             dtype=torch.long))
+        if self.waits:
+            self.waits -= 1
+            draft.waiting = torch.tensor([True] + [False] * (len(sequences) - 1))
+        return draft
+
+    def commit_rows(self, accepted, next_tokens, target_hidden):
+        self.accepted.append(accepted)
+
+    def feedback_rows(self, outcomes):
+        pass
+
+    def keep_rows(self, rows):
+        pass
+
+
+@pytest.mark.parametrize("waits", [1, 3])
+def test_a_row_that_waits_keeps_its_unseen_tokens_and_writes_what_it_writes_alone(waits):
+    """A row waiting from the first step keeps its prompt unseen by the target (its new cache columns are holes),
+    while the others decode on; it then writes what the target writes alone, and counts no step while waiting."""
+    target = tiny_model(0, arch="llama")
+    rows = prompts(9, lengths=(6, 3, 8))
+    ids = torch.stack([torch.cat([torch.zeros(8 - len(r), dtype=torch.long), r]) for r in rows])
+    mask = (torch.arange(8)[None] >= torch.tensor([8 - len(r) for r in rows])[:, None]).long()
+    drafter = WaitingDrafter(waits)
+    out, stats = speculative_generate(target, ids, attention_mask=mask, drafter=drafter,
+                                      rule=get_rule("speculative"), k=4, max_new_tokens=10, pad_token_id=0)
+    expected = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=10, pad_token_id=0)
+    assert torch.equal(out, expected)
+    assert [a[0] for a in drafter.accepted[: waits + 1]] == [None] * waits + [0]  # the drafter heard it waited
+    assert [s.steps for s in stats.rows] == [10, 10, 10] and stats.rows[0].total_time >= stats.rows[0].draft_time

@@ -202,19 +202,32 @@ def step_batch():
     return rows, ids, mask
 
 
-def step_drafter(draft, first: bool = False) -> StepDrafter:
+def step_drafter(draft, first: bool = False, rounds: int = 0) -> StepDrafter:
     return StepDrafter(draft, StepSegmenter(TOK, stops=("\ufffd", " ", "e"), max_step_tokens=6), token_k=3,
-                       target_first_step=first)
+                       target_first_step=first, rounds=rounds)
+
+
+@pytest.fixture(params=[0, 2])
+def rounds(request, monkeypatch):
+    """Each draft finished in its step (0), or a batch's draft forwards stopped after 2 (or the test's number) once a
+    row has finished (rows still drafting wait and go on at the next step); yields (rounds, rows waiting per step)."""
+    from semverify import loop
+
+    waits, verify = [], loop.verify_input
+    monkeypatch.setattr(loop, "verify_input", lambda *args, ready=None, **kw: waits.append(
+        0 if ready is None else len(args[4].tokens) - len(ready)) or verify(*args, ready=ready, **kw))
+    yield request.param, waits
+    assert (sum(waits) > 0) == (request.param > 0), waits  # rows waited exactly when drafts may stop early
 
 
 @pytest.mark.parametrize("name", [n for n in reject_everything() if not n.startswith("specreason")])
-def test_a_batch_rejecting_every_step_is_batched_target_decoding(name):
+def test_a_batch_rejecting_every_step_is_batched_target_decoding(name, rounds):
     rule = reject_everything()[name]
     target, draft = tiny_model(0, arch="llama", vocab=len(TOK)), tiny_model(20, arch="llama", vocab=len(TOK))
     _, ids, mask = step_batch()
     expected = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=40, pad_token_id=0)
-    out, stats = speculative_generate(target, ids, attention_mask=mask, drafter=step_drafter(draft), rule=rule, k=6,
-                                      max_new_tokens=40, pad_token_id=0)
+    out, stats = speculative_generate(target, ids, attention_mask=mask, drafter=step_drafter(draft, rounds=rounds[0]),
+                                      rule=rule, k=6, max_new_tokens=40, pad_token_id=0)
     assert torch.equal(out, expected)
     assert stats.reasons["step_rejected"] > 0 and stats.reasons["step"] == 0
 
@@ -245,7 +258,7 @@ def verification(request, monkeypatch):
 
 @pytest.mark.parametrize("name", list(accepting_rules()))
 @pytest.mark.parametrize("first", [False, True])
-def test_a_batch_of_step_drafts_writes_what_each_row_writes_alone(name, first, verification):
+def test_a_batch_of_step_drafts_writes_what_each_row_writes_alone(name, first, verification, rounds):
     """Rows switch between whole steps and step tokens on their own; each draws from its own stream."""
     rule = accepting_rules()[name]
     target = tiny_model(0, vocab=len(TOK), init_std=0.3)
@@ -253,8 +266,9 @@ def test_a_batch_of_step_drafts_writes_what_each_row_writes_alone(name, first, v
     rows, ids, mask = step_batch()
     streams = lambda: [torch.Generator().manual_seed(40 + r) for r in range(len(rows))]  # noqa: E731
     sampler = Sampler(True, 0.7)
-    out, stats = speculative_generate(target, ids, attention_mask=mask, drafter=step_drafter(draft, first), rule=rule,
-                                      k=6, max_new_tokens=40, pad_token_id=0, sampler=sampler, generator=streams())
+    out, stats = speculative_generate(target, ids, attention_mask=mask, drafter=step_drafter(draft, first, rounds[0]),
+                                      rule=rule, k=6, max_new_tokens=40, pad_token_id=0, sampler=sampler,
+                                      generator=streams())
     assert stats.reasons["step"] > 0 and stats.reasons["step_rejected"] > 0, dict(stats.reasons)
     for row, (prompt, stream) in enumerate(zip(rows, streams())):
         alone, _ = speculative_generate(target, prompt[None], drafter=step_drafter(draft, first), rule=rule, k=6,
@@ -264,14 +278,14 @@ def test_a_batch_of_step_drafts_writes_what_each_row_writes_alone(name, first, v
     assert verification is None or verification  # drafts of different lengths were verified apart
 
 
-def test_a_coupled_batch_rejecting_every_step_is_coupled_target_decoding():
+def test_a_coupled_batch_rejecting_every_step_is_coupled_target_decoding(rounds):
     from semverify import NoDrafter
     from semverify.coupling import CoupledNoise
 
     target, draft = tiny_model(0, arch="llama", vocab=len(TOK)), tiny_model(20, arch="llama", vocab=len(TOK))
     rows, ids, mask = step_batch()
     sampler = Sampler(True, 0.8)
-    out, stats = speculative_generate(target, ids, attention_mask=mask, drafter=step_drafter(draft),
+    out, stats = speculative_generate(target, ids, attention_mask=mask, drafter=step_drafter(draft, rounds=rounds[0]),
                                       rule=StepLikelihood(min_mean_logprob=0.1), k=6, max_new_tokens=30,
                                       pad_token_id=0, sampler=sampler,
                                       generator=[CoupledNoise(7, r) for r in range(len(rows))])
@@ -300,8 +314,10 @@ def rider_rule():
                     target_probe=SemanticProbe(32, width=4, meta=pair))
 
 
+@pytest.mark.parametrize("rounds", [0, 4], indirect=True)  # riders draft on while others do: up to 4 > token_k
 @pytest.mark.parametrize("coupled", [False, True])
-def test_token_drafts_ride_along_with_step_drafts_and_rows_still_write_what_they_write_alone(coupled, verification):
+def test_token_drafts_ride_along_with_step_drafts_and_rows_still_write_what_they_write_alone(coupled, verification,
+                                                                                             rounds):
     """Greedy or coupled: a row the target writes drafts on while other rows draft steps (beyond token_k),
     and the batch changes no row's output."""
     from semverify.coupling import CoupledNoise
@@ -313,7 +329,7 @@ def test_token_drafts_ride_along_with_step_drafts_and_rows_still_write_what_they
     sampler = Sampler(coupled, 0.7)
     noise = (lambda r: CoupledNoise(3, r)) if coupled else (lambda r: None)  # noqa: E731
     segmenter = StepSegmenter(TOK, stops=("\ufffd", " ", "e"), max_step_tokens=6)
-    batched = RecordingStepDrafter(draft, segmenter, token_k=2, target_first_step=True)
+    batched = RecordingStepDrafter(draft, segmenter, token_k=2, target_first_step=True, rounds=rounds[0])
     out, stats = speculative_generate(target, ids, attention_mask=mask, drafter=batched, rule=rule, k=6,
                                       max_new_tokens=40, pad_token_id=0, sampler=sampler,
                                       generator=[noise(r) for r in range(len(rows))] if coupled else None)
