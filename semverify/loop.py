@@ -165,11 +165,15 @@ def speculative_generate(
                 cache.select(torch.tensor(going, dtype=torch.long, device=input_ids.device))
                 drafts.keep_rows(going)
                 rows.keep(going)
-            # what the target has not seen: a verified row's new token; a waiting row's tokens as they were
-            unseen = [pending[i, pending_valid[i]] for i in range(len(pending))]
-            for i, token in zip(ready, verdict.next_token):
-                unseen[i] = token[None]
-            sampler, (pending, pending_valid) = sampler.rows(going), left_pad([unseen[i] for i in going])
+            sampler = sampler.rows(going)
+            if draft.waiting is None:  # what the target has not seen: each row's new token
+                pending = verdict.next_token[going, None]
+                pending_valid = torch.ones_like(pending, dtype=torch.bool)
+            else:  # a waiting row's unseen tokens stay as they were
+                unseen = [pending[i, pending_valid[i]] for i in range(len(pending))]
+                for i, token in zip(ready, verdict.next_token):
+                    unseen[i] = token[None]
+                pending, pending_valid = left_pad([unseen[i] for i in going])
     if streamer is not None:
         streamer.end()
     return rows.padded(input_ids, pad_token_id), SpecStats.pooled(rows.all_stats, clock() - started)
@@ -185,7 +189,8 @@ def verify_input(target: PreTrainedModel, cache: RowCache, pending: torch.LongTe
         raise NotImplementedError("a tree draft cannot leave rows waiting")
     inputs, new_valid = target_inputs(cache, pending, pending_valid, draft, target.dtype)
     fed = list(range(len(new_valid))) if ready is None else ready
-    new_valid[[i for i in range(len(new_valid)) if i not in fed]] = False  # a waiting row's columns are holes
+    if ready is not None:
+        new_valid[[i for i in range(len(new_valid)) if i not in ready]] = False  # a waiting row's columns are holes
     lengths = None if draft.lengths is None or draft.branches else draft.lengths.tolist()
     split = (width_groups([lengths[i] for i in fed], pending.shape[1])  # ragged chains (an accelerator pads cheaply)
              if lengths is not None and cache.device.type == "cpu" else None)

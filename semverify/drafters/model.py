@@ -140,7 +140,7 @@ class ModelDrafter(BaseDrafter):
             fed = self.rows if narrowed is None else narrowed
             out = self.model(**fed.inputs(feed, valid), logits_to_keep=1, output_hidden_states=keep_hidden)
             fed.extend(valid)
-            self.fed = [n + int(v.sum()) for n, v in zip(self.fed, valid)]
+            self.fed = [n + v for n, v in zip(self.fed, valid.sum(-1).tolist())]
             logits = out.logits[:, -1] if narrowed is None else narrowed.spread(out.logits[:, -1])
             prefixes = None if sampler.processors is None else [  # logits processors see each row's prefix
                 torch.cat([seq, tokens[row, : lengths[row]]]) for row, seq in enumerate(sequences)]
