@@ -26,6 +26,18 @@ class Unfinished(NamedTuple):
     hidden: torch.Tensor | None  # [n, H]
 
 
+def widened(buffer: torch.Tensor | None, row: torch.Tensor, width: int, most: int) -> torch.Tensor:
+    """A zero-padded [B, >= width, D] buffer shaped like the per-row ``row`` [B, D], grown by doubling up to
+    ``most`` columns: a long step draft's probabilities reach [B, 128, V], a short one's need not."""
+    if buffer is not None and buffer.shape[1] >= width:
+        return buffer
+    grown = row.new_zeros(row.shape[0], min(most, max(width, 8, 2 * (0 if buffer is None else buffer.shape[1]))),
+                          row.shape[-1])
+    if buffer is not None:
+        grown[:, : buffer.shape[1]] = buffer
+    return grown
+
+
 class ModelDrafter(BaseDrafter):
     """Drafts up to k tokens per row autoregressively with ``model``, sampling through the loop's sampler.
 
@@ -127,7 +139,7 @@ class ModelDrafter(BaseDrafter):
         for row, p in enumerate(pending):
             feed[row, width - len(p) :], valid[row, width - len(p) :] = p, True
         drafting = [k > n for k, n in zip(ks, lengths)]
-        probs = hidden = None  # [B, most, V] and [B, most, H], filled per row at its own positions
+        probs = hidden = None  # [B, <= most, V] and [B, <= most, H], filled per row at its own positions
         narrowed = None  # on a CPU, once a quarter of the rows fed have stopped, only rows still drafting are fed
         for j in range(most):
             if not any(drafting):
@@ -145,11 +157,12 @@ class ModelDrafter(BaseDrafter):
             prefixes = None if sampler.processors is None else [  # logits processors see each row's prefix
                 torch.cat([seq, tokens[row, : lengths[row]]]) for row, seq in enumerate(sequences)]
             q = sampler.probs(logits, prefixes)
-            probs = q.new_zeros(batch, most, q.shape[-1]) if probs is None else probs
+            room = max(lengths[row] for row in active) + 1
+            probs = widened(probs, q, room, most)
             if keep_hidden:
                 last = out.hidden_states[-1][:, -1]
                 last = last if narrowed is None else narrowed.spread(last)
-                hidden = last.new_zeros(batch, most, last.shape[-1]) if hidden is None else hidden
+                hidden = widened(hidden, last, room, most)
             for row in active:  # each row draws from its own stream, at its own draft position
                 n = lengths[row]
                 token = (sample_from(q[row : row + 1], generators[row], positions=n)[0] if sampler.do_sample
