@@ -42,6 +42,7 @@ class RunSettings:
     offset: int | None = None  # problems from this position on (None: from the first; runs before it resume)
     batch_size: int | None = None  # problems decoded together per method (None: one at a time)
     coupled: bool | None = None  # sampled runs: coupled Gumbel noise per (problem, position) (None: torch streams)
+    coupled_context: int | None = None  # coupled noise keyed by the last n tokens instead of position (None: position)
     samples: int | None = None  # sampled runs: outputs per problem and method (None: one)
 
     def context(self, tokenizer=None) -> RunContext:

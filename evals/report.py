@@ -22,6 +22,9 @@ def markdown(summary: dict) -> str:
     s = run["settings"]
     decoding = (f"sampling T={s['temperature']} top_k={s['top_k']} top_p={s['top_p']}" if s["do_sample"]
                 else "greedy")
+    if s.get("coupled"):
+        decoding += (", coupled (noise keyed by position)" if not s.get("coupled_context")
+                     else f", coupled (noise keyed by the last {s['coupled_context']} tokens)")
     uses_draft = any(Method.from_record(m).needs & {"draft_model", "draft_model_int8"} for m in run["methods"])
     draft = f"draft `{s['draft']}`" if uses_draft else "no draft model"
     if s.get("datastore"):

@@ -219,7 +219,8 @@ def run_batch(work: list[Work], method: Method, rule, settings: RunSettings, tar
     ids, mask = (t.to(target.device) for t in left_pad([tokenizer(t).input_ids for t in texts], pad))
     width = ids.shape[1]
     seeds = [problem_seed(settings, w) for w in work]  # the same draws for every method on a problem
-    streams = [CoupledNoise(seed) if settings.coupled else torch.Generator(target.device).manual_seed(seed)
+    streams = [CoupledNoise(seed, context=settings.coupled_context) if settings.coupled
+               else torch.Generator(target.device).manual_seed(seed)
                for seed in seeds]
     kwargs = dict(max_new_tokens=settings.max_new_tokens, do_sample=settings.do_sample,
                   generator=streams[0] if len(problems) == 1 else streams, tokenizer=tokenizer,

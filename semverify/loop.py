@@ -68,9 +68,9 @@ class Rows:
     def sequences(self) -> list[torch.LongTensor]:
         return [torch.cat([p, p.new_tensor(new)]) for p, new in zip(self.prompts, self.new)]
 
-    def generators(self) -> list:
-        """Each row's stream (coupled noise at the row's next output position)."""
-        return [at_offset(s, len(new)) for s, new in zip(self.streams, self.new)]
+    def generators(self, sequences: list[torch.LongTensor]) -> list:
+        """Each row's stream (coupled noise at the row's next output position, after its ``sequences``)."""
+        return [at_offset(s, len(new), seq) for s, new, seq in zip(self.streams, self.new, sequences)]
 
     def record(self, draft: Draft, ready: list[int], paths: list[list[int]], verdict: Verdict, emitted: list[Emitted],
                draft_time: float, verify_time: float, total_time: float) -> list[StepOutcome]:
@@ -130,7 +130,8 @@ def speculative_generate(
         pending_valid = attention_mask.bool() if attention_mask is not None else torch.ones_like(input_ids).bool()
         while len(rows):
             t0 = clock()  # 1. draft up to k tokens per row
-            ks, sequences, gens = rows.budgets(k, max_new_tokens), rows.sequences(), rows.generators()
+            ks, sequences = rows.budgets(k, max_new_tokens), rows.sequences()
+            gens = rows.generators(sequences)
             draft = (drafts.propose_rows(sequences, ks, sampler, gens) if max(ks) > 0
                      else Draft.empty(len(rows), input_ids.device))
             _check_draft(draft, ks, rule, sampler)

@@ -96,7 +96,7 @@ def target_choices(x: VerifyInput) -> torch.LongTensor:
     """The target's own token at each of the k+1 positions: argmax, or a draw when sampling (with coupled
     noise, the Gumbel-max of the warped logits at each position: the token the target alone would emit)."""
     if is_coupled(x.generator):
-        return x.generator.choose(x.target_logits)
+        return x.generator.choose(x.target_logits, tokens=x.draft.tokens)
     if x.do_sample:
         return sample_from(x.target_probs, x.generator)
     return x.target_logits.argmax(dim=-1)

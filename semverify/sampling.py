@@ -90,18 +90,18 @@ Generators = torch.Generator | CoupledNoise | Sequence[torch.Generator | Coupled
 
 
 def sample_from(probs: torch.Tensor, generator: Generators = None, positions=None,
-                stream: int = TARGET_STREAM) -> torch.Tensor:
+                stream: int = TARGET_STREAM, tokens=()) -> torch.Tensor:
     """Draw one index per row of a [..., V] probability tensor (rows need not be normalised).
 
     With one generator per batch row (dimension 0), each row draws from its own stream exactly what it
     would draw alone, so a row's output does not depend on the rows beside it. With
     `CoupledNoise` the draw is the Gumbel-max at the rows' output
-    ``positions`` (relative to the step) in noise ``stream``.
+    ``positions`` (relative to the step) in noise ``stream``, after the step's ``tokens`` (context keys).
     """
     if is_coupled(generator):
         if positions is None:
             raise ValueError("a coupled draw needs the positions of the tokens it draws")
-        return generator.choose(torch.log(probs.float()), positions, stream)
+        return generator.choose(torch.log(probs.float()), positions, stream, tokens)
     if isinstance(generator, Sequence):
         return torch.stack([sample_from(p, g) for p, g in zip(probs, generator)])
     flat = probs.reshape(-1, probs.shape[-1])

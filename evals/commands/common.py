@@ -79,6 +79,10 @@ def add_run_args(p: argparse.ArgumentParser, limit: int, dtype: str | None = "bf
                    help="with --do-sample: draw every target token as the Gumbel-max under noise keyed by (problem "
                         "seed, position), the same for every method, so lossless methods equal vanilla token for "
                         "token and a lossy rule differs only where it decides otherwise (paired comparisons)")
+    p.add_argument("--coupled-context", type=positive_int, default=None, metavar="N",
+                   help="with --coupled: key the noise by the last N tokens (and how often they occurred before) "
+                        "instead of the position, so a lossy rule's output can join the reference's text again "
+                        "after it changed a token (see docs/harness.md)")
     p.add_argument("--datastore", default=None,
                    help="datastore file for the retrieval methods (rest, dresd, sense, ...); see `semverify "
                         "datastore`. A method may name its own: sense:drafter.datastore=FILE")
@@ -101,9 +105,11 @@ def checked_run(args: argparse.Namespace, methods: str | None, configs: list[str
         target=args.target, draft=args.draft, dtype=args.dtype, benchmark=args.benchmark, data=args.data,
         template=args.template, limit=args.limit, max_new_tokens=args.max_new_tokens, do_sample=args.do_sample,
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed, datastore=args.datastore,
-        offset=args.offset, batch_size=args.batch_size, coupled=args.coupled,
+        offset=args.offset, batch_size=args.batch_size, coupled=args.coupled, coupled_context=args.coupled_context,
         samples=args.samples if args.samples != 1 else None,
     )
+    if args.coupled_context and not args.coupled:
+        raise ValueError("--coupled-context N keys coupled noise by context; add --coupled")
     if (args.samples or 1) > 1 and not args.do_sample:
         raise ValueError("--samples draws several outputs per problem; add --do-sample (greedy outputs repeat)")
     if args.coupled and not args.do_sample:

@@ -165,7 +165,8 @@ class ModelDrafter(BaseDrafter):
                 hidden = widened(hidden, last, room, most)
             for row in active:  # each row draws from its own stream, at its own draft position
                 n = lengths[row]
-                token = (sample_from(q[row : row + 1], generators[row], positions=n)[0] if sampler.do_sample
+                token = (sample_from(q[row : row + 1], generators[row], positions=n,
+                                                 tokens=tokens[row, :n])[0] if sampler.do_sample
                          else logits[row].argmax())
                 tokens[row, n], probs[row, n] = token, q[row]
                 if keep_hidden:

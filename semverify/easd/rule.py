@@ -131,4 +131,4 @@ class EntropyAwareRule(BaseRule):
             res = (without - at_position(x.draft.probs, at)).clamp_min(0.0)
             without = torch.where(res.sum(-1, keepdim=True) > 0, res, without)
         return sample_from(torch.where(without.sum(-1, keepdim=True) > 0, without, p_n), x.generator, positions=n,
-                           stream=RESAMPLE_STREAM)
+                           stream=RESAMPLE_STREAM, tokens=x.draft.tokens)

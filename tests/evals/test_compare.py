@@ -513,6 +513,22 @@ def test_coupled_samples_pair_lossless_methods_with_vanilla_row_for_row(tiny_che
         main(compare_args(tiny_checkpoint, tmp_path / "greedy", extra=["--samples", "2"]))
 
 
+def test_noise_keyed_by_context_pairs_lossless_methods_and_the_report_names_it(tiny_checkpoint, tmp_path):
+    sampled = ["--do-sample", "--temperature", "0.8", "--coupled"]
+    runs = {}
+    for name, extra in (("context", ["--coupled-context", "2"]), ("position", [])):
+        args = compare_args(tiny_checkpoint, tmp_path / name, limit=3, extra=sampled + extra)
+        args[args.index("--methods") + 1] = "vanilla,sd"
+        main(args)
+        runs[name] = {(r["id"], r["method"]): r["output_ids"] for r in read_rows(tmp_path / name)}
+    assert all(runs["context"][(p, "sd")] == runs["context"][(p, "vanilla")] for p in range(3))
+    assert any(runs["context"][(p, "vanilla")] != runs["position"][(p, "vanilla")] for p in range(3))
+    assert "coupled (noise keyed by the last 2 tokens)" in (tmp_path / "context" / "report.md").read_text()
+    assert "coupled (noise keyed by position)" in (tmp_path / "position" / "report.md").read_text()
+    with pytest.raises(SystemExit, match="add --coupled"):
+        main(compare_args(tiny_checkpoint, tmp_path / "alone", extra=["--do-sample", "--coupled-context", "2"]))
+
+
 def test_dtype_fastest_is_chosen_once_per_run_and_kept_by_its_resumes(tiny_checkpoint, tmp_path, monkeypatch):
     import semverify.cost
 

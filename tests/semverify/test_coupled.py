@@ -72,6 +72,35 @@ def test_noise_is_a_function_of_seed_sample_and_position():
         a.choose(torch.zeros(100))
 
 
+def test_context_keys_follow_the_last_tokens_and_never_repeat_within_an_output():
+    """Keyed by context, a draw's noise depends on the last n tokens and on how often they occurred before
+    in the output, not on the position: two outputs that differ earlier draw the same noise again once
+    their last tokens agree, while one output never draws the same key twice."""
+    noise = CoupledNoise(3, context=2)
+    prompt = [9, 8, 7]
+    # the same last two tokens (5, 6), seen once before neither's position: the same noise at any position
+    a = noise.at(3, prompt + [1, 5, 6]).gumbel(0, 50)
+    b = CoupledNoise(3, context=2).at(4, prompt + [2, 3, 5, 6]).gumbel(0, 50)
+    assert torch.equal(a, b)
+    # a second occurrence of the context in the output gets fresh noise
+    again = CoupledNoise(3, context=2).at(5, prompt + [5, 6, 1, 5, 6]).gumbel(0, 50)
+    assert not torch.equal(a, again)
+    # draws inside a step read the step's earlier tokens: position 2 after (5, 6) is keyed like the above
+    step = CoupledNoise(3, context=2).at(1, prompt + [1])
+    assert torch.equal(step.gumbel(2, 50, tokens=[5, 6]), a)
+    assert not torch.equal(step.gumbel(2, 50, tokens=[5, 7]), a)
+    # and a context that occurs twice within one step is keyed by its earlier occurrence there as well
+    assert torch.equal(CoupledNoise(3, context=2).at(0, prompt).gumbel(5, 50, tokens=[5, 6, 1, 5, 6]), again)
+    with pytest.raises(ValueError, match="needs the 2 tokens"):
+        step.gumbel(2, 50, tokens=[5])
+    with pytest.raises(ValueError, match="sequence"):
+        CoupledNoise(3, context=2).at(1)
+    # a new generation with the same noise counts its own contexts from scratch
+    reused = CoupledNoise(3, context=2)
+    reused.at(5, prompt + [5, 6, 1, 5, 6])
+    assert torch.equal(reused.at(3, prompt + [1, 5, 6]).gumbel(0, 50), a)
+
+
 def test_gumbel_max_draws_the_softmax_and_a_wrong_noise_is_detected():
     logits = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0, float("-inf")])
     runs = 6000
@@ -86,46 +115,52 @@ def test_gumbel_max_draws_the_softmax_and_a_wrong_noise_is_detected():
     assert pvalue(wrong, expected) < 1e-6
 
 
-def joint_counts(model, drafter_factory, rule, sampler, tokens: int, runs: int) -> torch.Tensor:
+def joint_counts(model, drafter_factory, rule, sampler, tokens: int, runs: int, context=None) -> torch.Tensor:
     counts = torch.zeros(V**tokens)
     for seed in range(runs):
         out, _ = speculative_generate(model, PROMPT, drafter=drafter_factory(), rule=rule, k=2,
-                                      max_new_tokens=tokens, sampler=sampler, generator=CoupledNoise(seed))
+                                      max_new_tokens=tokens, sampler=sampler,
+                                      generator=CoupledNoise(seed, context=context))
         counts[sum(int(t) * V**i for i, t in enumerate(out[0, -tokens:].flip(0)))] += 1
     return counts
 
 
+KEYINGS = [None, 2]  # noise keyed by position, or by the last two tokens
+
+
+@pytest.mark.parametrize("context", [None, 1])
 @pytest.mark.parametrize("sampler", SAMPLERS)
-def test_coupled_vanilla_and_coupled_sd_keep_the_target_distribution(models, sampler):
+def test_coupled_vanilla_and_coupled_sd_keep_the_target_distribution(models, sampler, context):
     target, draft = models
     expected = exact_distribution(target, sampler) * 3000
     for factory in (NoDrafter, lambda: ModelDrafter(draft)):
-        assert pvalue(joint_counts(target, factory, SpeculativeSampling(), sampler, 2, 3000), expected) > 1e-3
-    broken = joint_counts(target, lambda: ModelDrafter(draft), AcceptEverything(), sampler, 2, 3000)
+        assert pvalue(joint_counts(target, factory, SpeculativeSampling(), sampler, 2, 3000, context), expected) > 1e-3
+    broken = joint_counts(target, lambda: ModelDrafter(draft), AcceptEverything(), sampler, 2, 3000, context)
     assert pvalue(broken, expected) < 1e-6
 
 
 WARM = Sampler(True, 0.8)
 
 
-def coupled(model, drafter, rule="speculative", seed=0, tokens=40, sampler=WARM, ids=PROMPT):
+def coupled(model, drafter, rule="speculative", seed=0, tokens=40, sampler=WARM, ids=PROMPT, context=None):
     out, stats = speculative_generate(model, ids, drafter=drafter, rule=get_rule(rule) if isinstance(rule, str)
                                       else rule, k=4, max_new_tokens=tokens, sampler=sampler,
-                                      generator=CoupledNoise(seed))
+                                      generator=CoupledNoise(seed, context=context))
     return out, stats
 
 
+@pytest.mark.parametrize("context", KEYINGS)
 @pytest.mark.parametrize("sampler", SAMPLERS)
-def test_every_drafter_gives_the_target_alone_token_for_token(wide, sampler):
+def test_every_drafter_gives_the_target_alone_token_for_token(wide, sampler, context):
     target, draft = wide
     drafters = {"draft model": lambda: ModelDrafter(draft), "prompt lookup": lambda: PromptLookupDrafter(2),
                 "draft tree": lambda: ModelTreeDrafter(draft, budget=8, branch=2, threshold=1.0),
                 "hybrid": lambda: HybridDrafter(ModelDrafter(draft), PromptLookupDrafter(2))}
     accepted = dict.fromkeys(drafters, 0)
     for seed in range(4):
-        expected, _ = coupled(target, NoDrafter(), seed=seed, sampler=sampler)
+        expected, _ = coupled(target, NoDrafter(), seed=seed, sampler=sampler, context=context)
         for name, factory in drafters.items():
-            out, stats = coupled(target, factory(), seed=seed, sampler=sampler)
+            out, stats = coupled(target, factory(), seed=seed, sampler=sampler, context=context)
             assert torch.equal(out, expected), f"{name}, seed {seed}"
             accepted[name] += stats.accepted
     assert all(accepted.values()), accepted  # drafts were kept, so the identity is not vacuous
@@ -136,15 +171,16 @@ BATCH_DRAFTERS = {"draft model": lambda draft: dict(assistant_model=draft),
                   "hybrid": lambda draft: dict(drafter=HybridDrafter(ModelDrafter(draft), PromptLookupDrafter(2)))}
 
 
+@pytest.mark.parametrize("context", KEYINGS)
 @pytest.mark.parametrize("drafting", list(BATCH_DRAFTERS))
-def test_coupled_batch_rows_equal_their_rows_alone(wide, drafting):
+def test_coupled_batch_rows_equal_their_rows_alone(wide, drafting, context):
     target, draft = wide
     ids = torch.tensor([[0, 5, 9, 4, 7], [3, 1, 4, 1, 5]])
-    noises = [CoupledNoise(11), CoupledNoise(12)]
+    noises = [CoupledNoise(11, context=context), CoupledNoise(12, context=context)]
     out = generate(target, ids, do_sample=True, temperature=0.8, max_new_tokens=20, generator=noises,
                    attention_mask=torch.ones_like(ids), **BATCH_DRAFTERS[drafting](draft))
     for row in range(2):
-        alone, _ = coupled(target, NoDrafter(), seed=11 + row, tokens=20, ids=ids[row : row + 1])
+        alone, _ = coupled(target, NoDrafter(), seed=11 + row, tokens=20, ids=ids[row : row + 1], context=context)
         assert torch.equal(out[row, : alone.shape[1]], alone[0])
 
 
@@ -156,12 +192,14 @@ LOSSLESS_LIMITS = {
 }
 
 
+@pytest.mark.parametrize("context", KEYINGS)
 @pytest.mark.parametrize("name", sorted(LOSSLESS_LIMITS))
-def test_lossy_rules_at_their_lossless_limit_equal_coupled_vanilla(wide, name):
+def test_lossy_rules_at_their_lossless_limit_equal_coupled_vanilla(wide, name, context):
     target, draft = wide
     for seed in range(3):
-        expected, _ = coupled(target, NoDrafter(), seed=seed)
-        out, stats = coupled(target, ModelDrafter(draft), rule=get_rule(name, **LOSSLESS_LIMITS[name]), seed=seed)
+        expected, _ = coupled(target, NoDrafter(), seed=seed, context=context)
+        out, stats = coupled(target, ModelDrafter(draft), rule=get_rule(name, **LOSSLESS_LIMITS[name]), seed=seed,
+                             context=context)
         assert torch.equal(out, expected), f"seed {seed}"
 
 

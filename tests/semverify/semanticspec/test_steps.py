@@ -278,7 +278,8 @@ def test_a_batch_of_step_drafts_writes_what_each_row_writes_alone(name, first, v
     assert verification is None or verification  # drafts of different lengths were verified apart
 
 
-def test_a_coupled_batch_rejecting_every_step_is_coupled_target_decoding(rounds):
+@pytest.mark.parametrize("context", [None, 2])  # noise keyed by position, or by the last two tokens
+def test_a_coupled_batch_rejecting_every_step_is_coupled_target_decoding(rounds, context):
     from semverify import NoDrafter
     from semverify.coupling import CoupledNoise
 
@@ -288,11 +289,12 @@ def test_a_coupled_batch_rejecting_every_step_is_coupled_target_decoding(rounds)
     out, stats = speculative_generate(target, ids, attention_mask=mask, drafter=step_drafter(draft, rounds=rounds[0]),
                                       rule=StepLikelihood(min_mean_logprob=0.1), k=6, max_new_tokens=30,
                                       pad_token_id=0, sampler=sampler,
-                                      generator=[CoupledNoise(7, r) for r in range(len(rows))])
+                                      generator=[CoupledNoise(7, r, context=context) for r in range(len(rows))])
     assert stats.reasons["step_rejected"] > 0
     for row, prompt in enumerate(rows):
         alone, _ = speculative_generate(target, prompt[None], drafter=NoDrafter(), rule=get_rule("speculative"), k=6,
-                                        max_new_tokens=30, sampler=sampler, generator=CoupledNoise(7, row))
+                                        max_new_tokens=30, sampler=sampler,
+                                        generator=CoupledNoise(7, row, context=context))
         assert torch.equal(out[row, ids.shape[1] : ids.shape[1] + alone.shape[1] - len(prompt)], alone[0, len(prompt):])
 
 

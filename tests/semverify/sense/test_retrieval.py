@@ -300,7 +300,8 @@ def test_optional_faiss_index_finds_the_same_neighbours(tiny_store):
         assert torch.allclose(approx[0], exact[0], atol=1e-4)
 
 
-def test_retrieval_drafting_under_coupled_sampling_equals_the_target_alone(tiny_store, tmp_path):
+@pytest.mark.parametrize("context", [None, 2])  # noise keyed by position, or by the last two tokens
+def test_retrieval_drafting_under_coupled_sampling_equals_the_target_alone(tiny_store, tmp_path, context):
     from semverify import NoDrafter, Sampler
     from semverify.coupling import CoupledNoise
 
@@ -311,7 +312,7 @@ def test_retrieval_drafting_under_coupled_sampling_equals_the_target_alone(tiny_
     sampler = Sampler(True, 0.8)
     vanilla = {seed: speculative_generate(model, ids, drafter=NoDrafter(), rule=get_rule("speculative"),
                                           k=6, max_new_tokens=40, sampler=sampler,
-                                          generator=CoupledNoise(seed))[0] for seed in range(3)}
+                                          generator=CoupledNoise(seed, context=context))[0] for seed in range(3)}
     # a store of what the target writes under seeds 0 and 1 (seed 2's output is new to it)
     examples = [(prompt, tok.decode(vanilla[seed][0, ids.shape[1] :])) for seed in (0, 1)]
     collect_states(model, tok, examples, tmp_path / "own", shard_size=3, progress=False)
@@ -321,7 +322,8 @@ def test_retrieval_drafting_under_coupled_sampling_equals_the_target_alone(tiny_
         for rule in (get_rule("speculative"), get_rule("sense", theta_e=1.0)):
             drafter = RetrievalDrafter(store, num_candidates=6)
             out, stats = speculative_generate(model, ids, drafter=drafter, rule=rule, k=6,
-                                              max_new_tokens=40, sampler=sampler, generator=CoupledNoise(seed))
+                                              max_new_tokens=40, sampler=sampler,
+                                              generator=CoupledNoise(seed, context=context))
             assert torch.equal(out, expected), f"{rule.name}, seed {seed}"
             accepted += stats.accepted
     assert accepted > 0  # retrieved drafts were kept, so the identity is not vacuous
