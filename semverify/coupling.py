@@ -99,11 +99,11 @@ class CoupledNoise:
                tokens: Sequence[int] = ()) -> torch.Tensor:
         """The [vocab] Gumbel(0, 1) noise at relative ``position`` of ``stream`` (fp32, cached); context keys
         also read the ``tokens`` drawn before it in this step (at least ``position`` of them)."""
-        key = (stream, self.offset + int(position), vocab) if self.context is None else (
-            stream, *self._context_key(int(position), tokens), vocab)
-        cache = self._shared.cache
+        seed = ((stream, self.offset + int(position), vocab) if self.context is None
+                else (stream, *self._context_key(int(position), tokens)))
+        key, cache = (seed if self.context is None else (*seed, vocab)), self._shared.cache
         if key not in cache:
-            g = torch.Generator().manual_seed(mix(self.seed, self.sample, *key))
+            g = torch.Generator().manual_seed(mix(self.seed, self.sample, *seed))
             u = torch.rand(vocab, generator=g, dtype=torch.float64).clamp_(1e-300, 1.0 - 1e-16)
             cache[key] = (-torch.log(-torch.log(u))).float()
         return cache[key]
@@ -118,7 +118,7 @@ class CoupledNoise:
         context = tuple(full[max(0, end + position - n) : end + position])
         seen = self._shared.counts[context] + sum(
             tuple(full[max(0, end + j - n) : end + j]) == context for j in range(position))
-        return (seen, len(context), *context)
+        return (seen, *context)
 
     def choose(self, logits: torch.Tensor, positions: torch.Tensor | Sequence[int] | int | None = None,
                stream: int = TARGET_STREAM, tokens: torch.Tensor | Sequence[int] = ()) -> torch.LongTensor:
