@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from collections import Counter
 from difflib import SequenceMatcher
 from pathlib import Path
 
@@ -24,7 +23,7 @@ import torch
 from tqdm import tqdm
 from transformers import DynamicCache
 
-from semverify.coupling import RESAMPLE_STREAM, TARGET_STREAM, CoupledNoise, mix
+from semverify.coupling import RESAMPLE_STREAM, TARGET_STREAM, CoupledNoise
 from semverify.models import load_model
 
 from .benchmarks import get_benchmark
@@ -33,34 +32,6 @@ from .grading import extract_flexible
 from .runner import left_pad
 
 ARMS = [("position", "base"), ("position", "perturbed"), ("context", "base"), ("context", "perturbed")]
-
-
-def gumbel_for(seed: int, key: tuple[int, ...], vocab: int) -> torch.Tensor:
-    """Gumbel(0, 1) noise [vocab] for one key, drawn as `CoupledNoise.gumbel` draws it."""
-    g = torch.Generator().manual_seed(mix(seed, 0, *key))
-    u = torch.rand(vocab, generator=g, dtype=torch.float64).clamp_(1e-300, 1.0 - 1e-16)
-    return (-torch.log(-torch.log(u))).float()
-
-
-class ContextKeys:
-    """Per row: the key of the next draw from the last ``n`` tokens and that context's earlier count."""
-
-    def __init__(self, prompt: list[int], n: int) -> None:
-        self.tokens, self.n, self.seen = list(prompt), n, Counter()
-
-    def next_key(self) -> tuple[int, ...]:
-        context = tuple(self.tokens[-self.n :])
-        self.seen[context] += 1
-        return (self.seen[context] - 1, *context)
-
-    def add(self, token: int) -> None:
-        self.tokens.append(token)
-
-
-def noise(scheme: str, seed: int, stream: int, position: int, key: tuple[int, ...], vocab: int) -> torch.Tensor:
-    if scheme == "position":
-        return CoupledNoise(seed).gumbel(position, vocab, stream)
-    return gumbel_for(seed, (stream, *key), vocab)
 
 
 @torch.inference_mode()
@@ -73,23 +44,22 @@ def decode(model, prompts: list[list[int]], seeds: list[int], scheme: str, thres
     cache = DynamicCache()
     out = model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache, logits_to_keep=1)
     rows = list(range(len(prompts)))
-    keys = [ContextKeys(p, args.context) for p in prompts]
+    noises = [CoupledNoise(seed, context=None if scheme == "position" else args.context) for seed in seeds]
     outputs, entropies, events = [[] for _ in prompts], [[] for _ in prompts], [0] * len(prompts)
     for step in tqdm(range(args.max_new_tokens), desc=f"{scheme}{'' if threshold is None else '+perturbed'}",
                      leave=False):
         logp = torch.log_softmax(out.logits[:, -1].float() / args.temperature, dim=-1)
         tokens = []
         for i, row in enumerate(rows):
-            key, vocab = keys[row].next_key(), logp.shape[-1]
-            token = int((logp[i] + noise(scheme, seeds[row], TARGET_STREAM, step, key, vocab)).argmax())
+            noise, vocab = noises[row].at(step, prompts[row] + outputs[row]), logp.shape[-1]
+            token = int((logp[i] + noise.gumbel(0, vocab, TARGET_STREAM)).argmax())
             h = float(-(logp[i].exp() * logp[i]).nan_to_num().sum())
             entropies[row].append(h)
             if threshold is not None and h >= threshold:
-                other = logp[i] + noise(scheme, seeds[row], RESAMPLE_STREAM, step, key, vocab)
+                other = logp[i] + noise.gumbel(0, vocab, RESAMPLE_STREAM)
                 other[token] = float("-inf")
                 token, events[row] = int(other.argmax()), events[row] + 1
             tokens.append(token)
-            keys[row].add(token)
             outputs[row].append(token)
         going = [i for i, t in enumerate(tokens) if t not in eos and step + 1 < args.max_new_tokens]
         if not going:
