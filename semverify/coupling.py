@@ -113,8 +113,9 @@ class CoupledNoise:
         if len(tokens) < position:
             raise ValueError(f"a draw at step position {position} keyed by context needs the {position} tokens "
                              f"drawn before it in the step, got {len(tokens)}")
-        full = self._shared.tokens + [int(t) for t in tokens[:position]]
-        n, end = self.context, len(self._shared.tokens)
+        n = self.context
+        tail = self._shared.tokens[-n:]  # only the last n tokens before the step can be in a context
+        full, end = tail + [int(t) for t in tokens[:position]], len(tail)
         context = tuple(full[max(0, end + position - n) : end + position])
         seen = self._shared.counts[context] + sum(
             tuple(full[max(0, end + j - n) : end + j]) == context for j in range(position))
