@@ -65,8 +65,8 @@ def markdown(summary: dict) -> str:
                else (f"- no speedup for `{name}` (nor a point in the plot): none of its rows ran on the machine of "
                      f"`{summary['reference']}`'s row for the same problem")
                for name, m in summary["methods"].items() if m["speedup_problems"] < timed_problems and not untimed]
-    return "\n".join(lines + ([""] + partial if partial else []) + _throughput(summary) + _cap_regraded(summary)
-                     + _by_machine(summary) + _time_per_step(summary)
+    return "\n".join(lines + ([""] + partial if partial else []) + _throughput(summary) + _machine_time(summary)
+                     + _cap_regraded(summary) + _by_machine(summary) + _time_per_step(summary)
                      + _identical(summary) + _lossless_differences(summary) + _differences(summary)
                      + _groups(summary) + _rule_events(summary)) + "\n"
 
@@ -100,6 +100,35 @@ def _throughput(summary: dict) -> list[str]:
              "| method | problems | accuracy mode | one at a time | gain |", "|---|---|---|---|---|"]
     lines += [f"| {name} | {g['problems']} | {g['accuracy_per_hour']:.1f} | {g['timed_per_hour']:.1f} | "
               f"{g['gain']:.1f}x |" for name, g in gains.items()]
+    return lines
+
+
+def _machine_time(summary: dict) -> list[str]:
+    """For an accuracy-mode run: the hours each method's outputs took and what the rest of the run would cost."""
+    times = summary.get("machine_time")
+    if not times:
+        return []
+    run = summary["run"]
+    s = run["settings"]
+    goal = f"{s['limit']} x {s.get('samples') or 1}" if s.get("limit") else None
+
+    def hours(value: float | None) -> str:
+        return "-" if value is None else f"{value:.2f}"
+
+    lines = ["", f"Machine time of the accuracy pass on {_machines(run)} (all rows of each method; a batch's wall time "
+             "as measured, with whatever else ran beside it)" + (f"; to reach {goal} outputs at the same pace" if goal
+                                                                 else ""), "",
+             "| method | outputs | hours | outputs per hour |" + (" outputs left | hours left |" if goal else ""),
+             "|---|---|---|---|" + ("---|---|" if goal else "")]
+    for name, t in times.items():
+        rate = "-" if t["per_hour"] is None else f"{t['per_hour']:.1f}"
+        lines.append(f"| {name} | {t['outputs']} | {hours(t['hours'])} | {rate} |"
+                     + (f" {t['left']} | {hours(t['hours_left'])} |" if goal else ""))
+    left = [t["hours_left"] for t in times.values()]
+    total = (f" {sum(t['left'] for t in times.values())} | "
+             f"{hours(None if None in left else sum(left))} |") if goal else ""
+    lines.append(f"| all | {sum(t['outputs'] for t in times.values())} | {sum(t['hours'] for t in times.values()):.2f} "
+                 f"| - |{total}")
     return lines
 
 

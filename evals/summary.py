@@ -135,7 +135,28 @@ def summarise(run_dir: str | Path, reference: str = "vanilla", grader: str | Non
                 if other == reference and entry["lossless"]:
                     entry["paired"][other]["lossless_differences"] = lossless_differences(rs, theirs, ids)
         out["methods"][m.name] = entry
-    return _speed_from_timed_pass(out, run_dir, reference, grader, only, leave_out) if "accuracy" in run else out
+    if "accuracy" not in run:
+        return out
+    out["machine_time"] = machine_time(run_dir, run, list(out["methods"]))
+    return _speed_from_timed_pass(out, run_dir, reference, grader, only, leave_out)
+
+
+def machine_time(run_dir: Path, run: dict, methods: list[str]) -> dict[str, dict]:
+    """Per method of an accuracy-mode run: the outputs it decoded so far (all its rows), the hours they took (each
+    batch's wall time once, as measured, whatever else ran beside it), outputs per hour, and the hours the outputs
+    still missing to reach ``--limit`` x samples would take at that pace: what a run of this size costs."""
+    s = run["settings"]
+    planned = s["limit"] * (s.get("samples") or 1) if s.get("limit") else None
+    rows = [r for r in read_rows(run_dir) if r["method"] in methods]
+    out = {}
+    for name in methods:
+        mine = [r for r in rows if r["method"] == name]
+        hours = sum(_seconds(r) for r in mine) / 3600
+        rate = len(mine) / hours if hours else None
+        left = None if planned is None else max(planned - len(mine), 0)
+        out[name] = {"outputs": len(mine), "hours": hours, "per_hour": rate, "left": left,
+                     "hours_left": left / rate if rate and left is not None else None}
+    return out
 
 
 SPEED = ("tok_s_median", "speedup_median", "speedup_total", "speedup", "speedup_problems", "speedup_by_machine")

@@ -155,3 +155,26 @@ def test_samples_grow_on_resume_and_the_first_samples_keep_their_rows(tiny_check
     assert run["settings"]["samples"] == 2 and run["samples_grown"][0]["samples"] == 2
     with pytest.raises(SystemExit, match="other settings"):  # fewer samples than the run has: refused
         main(compare_args(tiny_checkpoint, out, limit=2, extra=[*sampled, "--samples", "1"]))
+
+
+def test_machine_time_counts_each_batch_once_and_projects_the_rest_of_the_run(tmp_path):
+    from evals.report import _machine_time
+    from evals.summary import machine_time
+
+    def row(pid, method, tokens, first, wall, batch_tokens):
+        return {"id": pid, "method": method, "sample": 0, "new_tokens": tokens,
+                "batch": {"first": first, "size": 2, "wall": wall, "tokens": batch_tokens}}
+
+    rows = [row(0, "a", 60, 0, 360.0, 100), row(1, "a", 40, 0, 360.0, 100),  # one batch of 0.1 h
+            row(2, "a", 10, 2, 720.0, 30), row(3, "a", 20, 2, 720.0, 30)]  # one of 0.2 h
+    (tmp_path / "rows.rank0.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    run = {"settings": {"limit": 10, "samples": 2}, "environment": {"cpu": "CPU X"}}
+    times = machine_time(tmp_path, run, ["a", "b"])
+    assert times["a"]["outputs"] == 4 and times["a"]["hours"] == pytest.approx(0.3)
+    assert times["a"]["per_hour"] == pytest.approx(4 / 0.3) and times["a"]["left"] == 16  # 10 problems x 2 samples
+    assert times["a"]["hours_left"] == pytest.approx(1.2)
+    assert times["b"] == {"outputs": 0, "hours": 0.0, "per_hour": None, "left": 20, "hours_left": None}
+    text = "\n".join(_machine_time({"run": run, "machine_time": times}))
+    assert "to reach 10 x 2 outputs at the same pace" in text
+    assert "| a | 4 | 0.30 | 13.3 | 16 | 1.20 |" in text and "| b | 0 | 0.00 | - | 20 | - |" in text
+    assert "| all | 4 | 0.30 | - | 36 | - |" in text  # no total while a method has no pace yet
