@@ -65,33 +65,46 @@ def expected_tau(keep: list[float], k: int) -> float:
     return (1 - a ** (k + 1)) / (1 - a)
 
 
+class ForcedRun:
+    """A run's settings, problems, target and sampler, to score its outputs teacher forced as the run drew them."""
+
+    def __init__(self, run_dir: str | Path) -> None:
+        self.dir = Path(run_dir)
+        self.run = json.loads((self.dir / "run.json").read_text())
+        s = self.settings = self.run["settings"]
+        self.bench = get_benchmark(s["benchmark"])
+        self.problems = {p.id: p for p in self.bench.load(s["data"], None)}
+        self.target, self.tokenizer = load_model(s["target"], dtype=s["dtype"])
+        self.sampler = Sampler(True, s["temperature"], top_k=s.get("top_k") or None, top_p=s.get("top_p") or None)
+
+    def inputs(self, row: dict) -> tuple[torch.LongTensor, int]:
+        """A row's prompt and output as one [1, n] sequence, and the prompt's length."""
+        problem = self.problems[row["id"]]
+        prompt = self.tokenizer(self.bench.prompt(self.tokenizer, problem, self.settings["template"])).input_ids
+        return torch.tensor([prompt + row["output_ids"]]), len(prompt)
+
+
 def measure(run_dir: str | Path, method: str = "vanilla", limit: int | None = None) -> dict:
     """Per-token acceptance of both schemes at every position of ``method``'s outputs in a run (teacher
     forced: the target and the draft score each output once, warped as the run sampled), for speculative
     sampling and for the run's EASD and typical methods, each with the tokens per verification it implies
     at its k beside the one its rows measured."""
-    run_dir = Path(run_dir)
-    run = json.loads((run_dir / "run.json").read_text())
-    s = run["settings"]
-    bench = get_benchmark(s["benchmark"])
-    problems = {p.id: p for p in bench.load(s["data"], None)}
+    forced = ForcedRun(run_dir)
+    run_dir, run, s, sampler = forced.dir, forced.run, forced.settings, forced.sampler
     all_rows = read_rows(run_dir)
     rows = sorted((r for r in all_rows if r["method"] == method), key=lambda r: (r["id"], r.get("sample", 0)))
     rows = rows[:limit] if limit else rows
-    target, tokenizer = load_model(s["target"], dtype=s["dtype"])
     draft, _ = load_model(s["draft"], dtype=s["dtype"])
-    sampler = Sampler(True, s["temperature"], top_k=s.get("top_k") or None, top_p=s.get("top_p") or None)
-    context = RunContext.for_decoding(s["draft"], s["target"], True, s["temperature"], tokenizer)
+    context = RunContext.for_decoding(s["draft"], s["target"], True, s["temperature"], forced.tokenizer)
     lossy = {m.name: (m, m.build_rule(context)) for m in map(Method.from_record, run["methods"])
              if m.rule in ("easd", "typical") and m.drafter == "model"}
     keep = {name: {"ratio": [], "coupled": []} for name in ("speculative", *lossy)}
     for row in tqdm(rows, desc="acceptance", unit="output"):
-        prompt = tokenizer(bench.prompt(tokenizer, problems[row["id"]], s["template"])).input_ids
-        ids = torch.tensor([prompt + row["output_ids"]])
+        ids, start = forced.inputs(row)
         n = len(row["output_ids"])
         with torch.inference_mode():
-            p = sampler.probs(target(input_ids=ids).logits[0, len(prompt) - 1 : len(prompt) - 1 + n])
-            q = sampler.probs(draft(input_ids=ids).logits[0, len(prompt) - 1 : len(prompt) - 1 + n])
+            p = sampler.probs(forced.target(input_ids=ids).logits[0, start - 1 : start - 1 + n])
+            q = sampler.probs(draft(input_ids=ids).logits[0, start - 1 : start - 1 + n])
         base = {"ratio": ratio_acceptance(p, q), "coupled": coupled_acceptance(p, q)}
         for scheme, kept in base.items():
             keep["speculative"][scheme] += kept.tolist()

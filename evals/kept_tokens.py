@@ -12,10 +12,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from semverify.models import load_model
-from semverify.sampling import Sampler
-
-from .benchmarks import get_benchmark
+from .acceptance import ForcedRun
 from .rows import read_rows
 
 
@@ -30,26 +27,21 @@ def kept_ranks(run_dir: str | Path, method: str, limit: int | None = None) -> di
     """Per reason: how many kept tokens sat at each rank of the target's (warped) distribution, their mean
     probability, and the mean probability of the target's most likely token at the same positions (the chance
     that sampling alone would have drawn it)."""
-    run_dir = Path(run_dir)
-    run = json.loads((run_dir / "run.json").read_text())
-    s = run["settings"]
-    bench = get_benchmark(s["benchmark"])
-    problems = {p.id: p for p in bench.load(s["data"], None)}
     rows = sorted((r for r in read_rows(run_dir) if r["method"] == method and r.get("substitutions")),
                   key=lambda r: (r["id"], r.get("sample", 0)))
     if not rows:
         raise ValueError(f"no row of {method!r} in {run_dir} logged a kept token the target would not have chosen")
     rows = rows[:limit] if limit else rows
-    target, tokenizer = load_model(s["target"], dtype=s["dtype"])
-    sampler = Sampler(True, s["temperature"], top_k=s.get("top_k") or None, top_p=s.get("top_p") or None)
+    forced = ForcedRun(run_dir)
+    s, tokenizer = forced.settings, forced.tokenizer
     reasons: dict[str, dict] = {}
     misplaced = 0
     for row in tqdm(rows, desc="kept tokens", unit="output"):
-        prompt = tokenizer(bench.prompt(tokenizer, problems[row["id"]], s["template"])).input_ids
+        ids, start = forced.inputs(row)
         at = torch.tensor([sub["at"] for sub in row["substitutions"]])
         with torch.inference_mode():
-            logits = target(input_ids=torch.tensor([prompt + row["output_ids"]])).logits[0]
-            p = sampler.probs(logits[len(prompt) - 1 + at])  # the distribution each kept token was drawn against
+            logits = forced.target(input_ids=ids).logits[0]
+            p = forced.sampler.probs(logits[start - 1 + at])  # the distribution each kept token was drawn against
         kept = torch.tensor(row["output_ids"])[at]
         ranks, p_kept = ranks_of(p, kept)
         for sub, token, rank, pk, top in zip(row["substitutions"], kept.tolist(), ranks.tolist(), p_kept.tolist(),
@@ -67,7 +59,7 @@ def kept_ranks(run_dir: str | Path, method: str, limit: int | None = None) -> di
         r["rank_1_share"] = r["ranks"].get("1", 0) / r["kept"]
     result = {"run": str(run_dir), "method": method, "outputs": len(rows), "reasons": reasons, "misplaced": misplaced,
               "settings": {k: s[k] for k in ("target", "dtype", "temperature", "top_k", "top_p", "coupled") if k in s}}
-    (run_dir / f"kept-tokens-{method.replace(':', '_')}.json").write_text(json.dumps(result, indent=2))
+    (forced.dir / f"kept-tokens-{method.replace(':', '_')}.json").write_text(json.dumps(result, indent=2))
     return result
 
 
