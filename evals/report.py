@@ -270,16 +270,19 @@ def _differences(summary: dict) -> list[str]:
         d, v = p["difference"], p["divergence"]
         at = "-" if v["median_first_divergence"] is None else f"{v['median_first_divergence']:.0f}"
         lines.append(f"| {name} | {100 * d['difference']:+.1f} [{100 * d['low']:+.1f}, {100 * d['high']:+.1f}] | "
-                     f"{d['discordant']} | {100 * d['detectable']:.1f} | {problems_needed(0.02, d['sd'])} | "
+                     f"[{100 * d['anytime_low']:+.1f}, {100 * d['anytime_high']:+.1f}] | {d['discordant']} | "
+                     f"{100 * d['detectable']:.1f} | {problems_needed(0.02, d['sd'])} | "
                      f"{v['identical']} of {v['outputs']} | {at} | {v['flips']} |")
     if not lines:
         return []
     return ["", f"Paired against `{ref}` on {summary['grader']} (points; 95% bootstrap interval over problems, samples "
-            "nested; detectable = the difference this run finds with 80% power at its spread; for 2 pt = problems a "
+            "nested; anytime = a 95% confidence sequence, valid however often the run was read as it grew (a run "
+            "stopped because its interval looked good needs this one); detectable = the difference this run finds "
+            "with 80% power at its spread; for 2 pt = problems a "
             "2-point difference would need at that spread; first divergence = "
             "median token position among outputs that differ; flips = differing outputs whose grade changed):", "",
-            "| method | difference | discordant problems | detectable | for 2 pt | identical outputs | "
-            "first divergence | flips |", "|---|---|---|---|---|---|---|---|", *lines]
+            "| method | difference | anytime | discordant problems | detectable | for 2 pt | identical outputs | "
+            "first divergence | flips |", "|---|---|---|---|---|---|---|---|---|", *lines]
 
 
 def _rule_events(summary: dict) -> list[str]:

@@ -1,8 +1,18 @@
 """Paired intervals and divergence: a known difference is covered, identical methods give exactly zero."""
 
 import math
+import random
 
-from evals.paired import accuracy_difference, detectable_difference, divergence, first_divergence, problems_needed
+import pytest
+
+from evals.paired import (
+    accuracy_difference,
+    confidence_sequence,
+    detectable_difference,
+    divergence,
+    first_divergence,
+    problems_needed,
+)
 
 
 def test_identical_grades_give_a_zero_difference_and_interval():
@@ -50,3 +60,40 @@ def test_rows_without_token_ids_have_no_divergence_position():
     ref = [{"output": "a", "grades": {"g": True}}]
     assert divergence(rows, ref, "g") == {"identical": 0, "outputs": 1, "median_first_divergence": None, "flips": 0}
     assert lossless_differences(rows, ref, [(4, 0)]) == [{"id": 4, "sample": 0, "position": None}]
+
+
+def _ternary_runs(reps: int, n: int, up: float, down: float, seed: int = 1) -> list[list[int]]:
+    """Paired differences of 0/1 grades: +1 with probability ``up``, -1 with ``down``, else 0."""
+    rng = random.Random(seed)
+    return [[1 if (u := rng.random()) < up else -1 if u < up + down else 0 for _ in range(n)] for _ in range(reps)]
+
+
+def test_the_confidence_sequence_holds_at_every_look_where_a_fixed_n_interval_read_each_batch_does_not():
+    truth, runs = 0.1, _ternary_runs(200, 480, up=0.2, down=0.1)
+    cs_misses = peek_misses = 0
+    for d in runs:
+        low, high = confidence_sequence(d)  # intersected over prefixes: a miss at any look is a miss here
+        cs_misses += not low <= truth <= high
+        missed = False
+        for t in range(32, len(d) + 1, 32):  # a reader who looks after every batch of 32 with a normal interval
+            m = sum(d[:t]) / t
+            half = 1.959964 * math.sqrt(sum((x - m) ** 2 for x in d[:t]) / t / t)
+            missed |= not m - half <= truth <= m + half
+        peek_misses += missed
+    assert cs_misses / len(runs) <= 0.05
+    assert peek_misses / len(runs) > 0.1  # peeking breaks the fixed-n interval: why the sequence exists
+
+
+def test_the_confidence_sequence_narrows_with_problems_and_is_wider_than_the_fixed_n_interval():
+    widths = []
+    for n in (100, 1000):
+        d = _ternary_runs(1, n, up=0.2, down=0.1, seed=n)[0]
+        low, high = confidence_sequence(d)
+        assert low < sum(d) / n < high
+        widths.append(high - low)
+        assert high - low > 2 * 1.959964 * math.sqrt(0.29 / n)
+    assert widths[1] < 0.5 * widths[0]
+    assert confidence_sequence([0] * 300)[0] < 0 < confidence_sequence([0] * 300)[1]
+    assert accuracy_difference({0: [True]}, {0: [False]})["anytime_high"] <= 1
+    with pytest.raises(ValueError, match=r"\[-1, 1\]"):
+        confidence_sequence([2.0])
