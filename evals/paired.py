@@ -76,6 +76,16 @@ def confidence_sequence(diffs: list[float], alpha: float = 0.05, cap: float = 0.
     return low, high
 
 
+def holm_adjusted(p_values: dict[str, float]) -> dict[str, float]:
+    """Holm's step-down adjustment: each p made comparable with the family-wise level, so a method chosen as
+    the best of several still has to clear 5% after its rivals are counted."""
+    ranked = sorted(p_values, key=p_values.get)
+    adjusted, running = {}, 0.0
+    for i, name in enumerate(ranked):
+        running = max(running, min(1.0, (len(ranked) - i) * p_values[name]))
+        adjusted[name] = running
+    return adjusted
+
 def detectable_difference(sd: float, problems: int) -> float:
     """The smallest true difference a paired test on ``problems`` problems finds 80% of the time at the 5%
     level, given the per-problem differences' standard deviation ``sd`` (its observed discordance)."""

@@ -9,7 +9,7 @@ from pathlib import Path
 from semverify.methods import Method
 
 from .margins import MARGINS_FILE, compute_margins
-from .paired import problems_needed
+from .paired import holm_adjusted, problems_needed
 from .plots import plot
 from .summary import run_cpus, summarise
 
@@ -262,17 +262,17 @@ def _lossless_differences(summary: dict) -> list[str]:
 def _differences(summary: dict) -> list[str]:
     """Each method's accuracy difference from the reference with its paired interval and divergence."""
     ref = summary["reference"]
+    tested = {name: m["paired"][ref] for name, m in summary["methods"].items()
+              if "difference" in m["paired"].get(ref, {})}
+    holm = holm_adjusted({name: p["p_value"] for name, p in tested.items()})
     lines = []
-    for name, m in summary["methods"].items():
-        p = m["paired"].get(ref)
-        if p is None or "difference" not in p:
-            continue
+    for name, p in tested.items():
         d, v = p["difference"], p["divergence"]
         at = "-" if v["median_first_divergence"] is None else f"{v['median_first_divergence']:.0f}"
         lines.append(f"| {name} | {100 * d['difference']:+.1f} [{100 * d['low']:+.1f}, {100 * d['high']:+.1f}] | "
                      f"[{100 * d['anytime_low']:+.1f}, {100 * d['anytime_high']:+.1f}] | {d['discordant']} | "
                      f"{100 * d['detectable']:.1f} | {problems_needed(0.02, d['sd'])} | "
-                     f"{v['identical']} of {v['outputs']} | {at} | {v['flips']} |")
+                     f"{v['identical']} of {v['outputs']} | {at} | {v['flips']} | {holm[name]:.3f} |")
     if not lines:
         return []
     return ["", f"Paired against `{ref}` on {summary['grader']} (points; 95% bootstrap interval over problems, samples "
@@ -280,9 +280,11 @@ def _differences(summary: dict) -> list[str]:
             "stopped because its interval looked good needs this one); detectable = the difference this run finds "
             "with 80% power at its spread; for 2 pt = problems a "
             "2-point difference would need at that spread; first divergence = "
-            "median token position among outputs that differ; flips = differing outputs whose grade changed):", "",
+            "median token position among outputs that differ; flips = differing outputs whose grade changed; "
+            f"Holm p = McNemar's p adjusted for the {len(tested)} methods tested against `{ref}` here):", "",
             "| method | difference | anytime | discordant problems | detectable | for 2 pt | identical outputs | "
-            "first divergence | flips |", "|---|---|---|---|---|---|---|---|---|", *lines]
+            "first divergence | flips | Holm p |", "|---|---|---|---|---|---|---|---|---|---|", *lines]
+
 
 
 def _rule_events(summary: dict) -> list[str]:

@@ -11,6 +11,7 @@ from evals.paired import (
     detectable_difference,
     divergence,
     first_divergence,
+    holm_adjusted,
     problems_needed,
 )
 
@@ -97,3 +98,10 @@ def test_the_confidence_sequence_narrows_with_problems_and_is_wider_than_the_fix
     assert accuracy_difference({0: [True]}, {0: [False]})["anytime_high"] <= 1
     with pytest.raises(ValueError, match=r"\[-1, 1\]"):
         confidence_sequence([2.0])
+
+
+def test_holm_multiplies_the_smallest_p_by_the_family_size_and_keeps_the_order():
+    adjusted = holm_adjusted({"a": 0.017, "b": 0.83, "c": 0.01, "d": 0.5})
+    assert math.isclose(adjusted["c"], 0.04) and math.isclose(adjusted["a"], 0.051)
+    assert math.isclose(adjusted["d"], 1.0) and adjusted["b"] == 1.0
+    assert holm_adjusted({"only": 0.03}) == {"only": 0.03}
