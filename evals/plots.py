@@ -1,12 +1,16 @@
-"""The plots of a run's report: accuracy against speedup (with intervals) and acceptance by draft position."""
+"""The plots of a run's report: accuracy against speedup (with intervals), acceptance by draft position, and the
+running accuracy difference against the reference as problems came in."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from .paired import Z_95, confidence_path
+
 
 def plot(summary: dict, run_dir: Path) -> list[Path]:
-    """accuracy_vs_speedup.png (with intervals) and acceptance_by_position.png."""
+    """accuracy_vs_speedup.png (with intervals), acceptance_by_position.png and, where methods are paired
+    against the reference, running_difference.png."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -44,4 +48,44 @@ def plot(summary: dict, run_dir: Path) -> list[Path]:
     second = run_dir / "acceptance_by_position.png"
     fig.savefig(second, dpi=120)
     plt.close(fig)
-    return [first, second]
+    third = _running_difference(summary, run_dir / "running_difference.png", plt)
+    return [first, second] + ([third] if third else [])
+
+
+def _running_difference(summary: dict, path: Path, plt) -> Path | None:
+    """Per method, the accuracy difference against the reference after each problem, with the fixed-n 95%
+    interval one would read at that point (dashed) and the anytime-valid band (shaded): where an early lead
+    that a fixed-n interval called real falls back inside the band, it was noise."""
+    ref = summary["reference"]
+    series = {name: m["paired"][ref]["difference"]["per_problem"] for name, m in summary["methods"].items()
+              if "difference" in m["paired"].get(ref, {})}
+    if not series:
+        return None
+    cols = min(len(series), 2)
+    rows = -(-len(series) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 3 * rows), squeeze=False, sharey=True)
+    for ax, (name, diffs) in zip(axes.flat, series.items()):
+        n = range(1, len(diffs) + 1)
+        means, halves, total, squares = [], [], 0.0, 0.0
+        for t, d in enumerate(diffs, start=1):
+            total, squares = total + d, squares + d * d
+            means.append(100 * total / t)
+            halves.append(100 * Z_95 * max(squares / t - (total / t) ** 2, 0.0) ** 0.5 / t ** 0.5)
+        band = confidence_path(diffs)
+        ax.fill_between(n, [100 * lo for lo, _ in band], [100 * hi for _, hi in band], alpha=0.2,
+                        label="anytime 95%")
+        ax.plot(n, means, label="difference")
+        ax.plot(n, [m - h for m, h in zip(means, halves)], "k--", linewidth=0.7, label="fixed-n 95%")
+        ax.plot(n, [m + h for m, h in zip(means, halves)], "k--", linewidth=0.7)
+        ax.axhline(0, color="grey", linewidth=0.5)
+        ax.set_ylim(-105, 105)
+        ax.set_title(name, fontsize=9)
+        ax.set_xlabel("problems")
+    for ax in axes.flat[len(series):]:
+        ax.axis("off")
+    axes[0][0].set_ylabel(f"vs {ref}, points")
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
