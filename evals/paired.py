@@ -94,6 +94,18 @@ def holm_adjusted(p_values: dict[str, float]) -> dict[str, float]:
         adjusted[name] = running
     return adjusted
 
+
+def normal_path(diffs: list[float]) -> list[tuple[float, float]]:
+    """The running mean of ``diffs`` after each problem and the half-width of the fixed-n normal 95% interval a
+    reader would compute there: what peeking at a fixed-n interval shows."""
+    path, total, squares = [], 0.0, 0.0
+    for t, d in enumerate(diffs, start=1):
+        total, squares = total + d, squares + d * d
+        mean = total / t
+        path.append((mean, Z_95 * math.sqrt(max(squares / t - mean * mean, 0.0) / t)))
+    return path
+
+
 def detectable_difference(sd: float, problems: int) -> float:
     """The smallest true difference a paired test on ``problems`` problems finds 80% of the time at the 5%
     level, given the per-problem differences' standard deviation ``sd`` (its observed discordance)."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .paired import Z_95, confidence_path
+from .paired import confidence_path, normal_path
 
 
 def plot(summary: dict, run_dir: Path) -> list[Path]:
@@ -66,17 +66,12 @@ def _running_difference(summary: dict, path: Path, plt) -> Path | None:
     fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 3 * rows), squeeze=False, sharey=True)
     for ax, (name, diffs) in zip(axes.flat, series.items()):
         n = range(1, len(diffs) + 1)
-        means, halves, total, squares = [], [], 0.0, 0.0
-        for t, d in enumerate(diffs, start=1):
-            total, squares = total + d, squares + d * d
-            means.append(100 * total / t)
-            halves.append(100 * Z_95 * max(squares / t - (total / t) ** 2, 0.0) ** 0.5 / t ** 0.5)
-        band = confidence_path(diffs)
+        band, fixed = confidence_path(diffs), normal_path(diffs)
         ax.fill_between(n, [100 * lo for lo, _ in band], [100 * hi for _, hi in band], alpha=0.2,
                         label="anytime 95%")
-        ax.plot(n, means, label="difference")
-        ax.plot(n, [m - h for m, h in zip(means, halves)], "k--", linewidth=0.7, label="fixed-n 95%")
-        ax.plot(n, [m + h for m, h in zip(means, halves)], "k--", linewidth=0.7)
+        ax.plot(n, [100 * m for m, _ in fixed], label="difference")
+        ax.plot(n, [100 * (m - h) for m, h in fixed], "k--", linewidth=0.7, label="fixed-n 95%")
+        ax.plot(n, [100 * (m + h) for m, h in fixed], "k--", linewidth=0.7)
         ax.axhline(0, color="grey", linewidth=0.5)
         ax.set_ylim(-105, 105)
         ax.set_title(name, fontsize=9)

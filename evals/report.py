@@ -286,7 +286,6 @@ def _differences(summary: dict) -> list[str]:
             "first divergence | flips | Holm p |", "|---|---|---|---|---|---|---|---|---|---|", *lines]
 
 
-
 def _rule_events(summary: dict) -> list[str]:
     """Lines on how often each rule's own decisions (beyond exact/ratio acceptance) happened, by position."""
     lines = []
