@@ -33,6 +33,7 @@ del _socket, _no_network
 class ExecResult:
     status: str  # "passed", "failed" (an exception or a non-zero exit) or "timed out"
     detail: str = ""  # the end of stderr, for a failure
+    stdout: str = ""  # the end of what it printed, when asked for (``capture=True``)
 
     @property
     def passed(self) -> bool:
@@ -60,9 +61,10 @@ def _limits(cpu_seconds: int, memory_mb: int) -> None:
         resource.setrlimit(limit, (value, value))
 
 
-def run_program(program: str, timeout: float = 10.0, memory_mb: int = 2048) -> ExecResult:
+def run_program(program: str, timeout: float = 10.0, memory_mb: int = 2048, capture: bool = False) -> ExecResult:
     """Run ``program`` (Python source) in a sandboxed child process; it passes when it exits with status 0
-    within ``timeout`` seconds."""
+    within ``timeout`` seconds. With ``capture``, its output goes to a file in its folder (so the file-size
+    limit caps it) and the last 2,000 characters come back in ``stdout``."""
     with tempfile.TemporaryDirectory(prefix="semverify-exec-") as folder:
         path = os.path.join(folder, "program.py")
         with open(path, "w", encoding="utf-8") as f:
@@ -70,9 +72,11 @@ def run_program(program: str, timeout: float = 10.0, memory_mb: int = 2048) -> E
         command = [sys.executable, "-I", path]
         if network_namespace():
             command = ["unshare", "-rn", *command]
-        child = subprocess.Popen(command, cwd=folder, env={"PATH": os.defpath}, stdin=subprocess.DEVNULL,
-                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                 preexec_fn=functools.partial(_limits, int(timeout) + 1, memory_mb))
+        out_path = os.path.join(folder, "stdout.txt")
+        with open(out_path if capture else os.devnull, "wb") as out:
+            child = subprocess.Popen(command, cwd=folder, env={"PATH": os.defpath}, stdin=subprocess.DEVNULL,
+                                     stdout=out, stderr=subprocess.PIPE,
+                                     preexec_fn=functools.partial(_limits, int(timeout) + 1, memory_mb))
         try:
             _, err = child.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -82,6 +86,7 @@ def run_program(program: str, timeout: float = 10.0, memory_mb: int = 2048) -> E
         finally:
             if child.poll() is None:
                 os.killpg(child.pid, signal.SIGKILL)
+        printed = open(out_path, encoding="utf-8", errors="replace").read()[-2000:] if capture else ""
     if child.returncode == 0:
-        return ExecResult("passed")
-    return ExecResult("failed", err.decode("utf-8", "replace")[-500:])
+        return ExecResult("passed", stdout=printed)
+    return ExecResult("failed", err.decode("utf-8", "replace")[-500:], printed)

@@ -1,0 +1,183 @@
+"""How each GSM8K answer is written, a Python program or prose, and what that does to a paired comparison.
+
+A rule can move accuracy by changing how the model writes rather than how well it reasons: the Qwen coder
+models often answer with a program and then invent the program's printed output. This module tabulates, per
+method, how often it wrote a program and its accuracy by style, and splits the paired wins and losses against a
+reference by the pair of styles. With ``execute``, each program is also run (sandboxed, `evals.code_exec`) and
+its last printed number graded, to tell a wrong program from a right one whose output the model made up.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from decimal import Decimal
+from pathlib import Path
+
+from tqdm import tqdm
+
+from .grading import extract_flexible, normalize_number
+from .paired import accuracy_difference
+from .rows import read_rows
+from .summary import mcnemar
+
+_PROGRAM_RE = re.compile(r"```[ \t]*(?:python3?|py)[ \t]*\n(.*?)(?:```|$)", re.DOTALL | re.IGNORECASE)
+STYLES = ("program", "prose")
+
+
+def program_of(output: str) -> str | None:
+    """The Python an answer wrote: its fenced ``python`` blocks joined in order (an unclosed last block, cut off
+    at the cap, runs to the end), or None for a prose answer. Untagged and ``output`` fences do not count."""
+    blocks = _PROGRAM_RE.findall(output)
+    return "\n".join(blocks) if blocks else None
+
+
+def style_of(output: str) -> str:
+    """``"program"`` when the answer has a fenced Python block, else ``"prose"``."""
+    return "program" if program_of(output) is not None else "prose"
+
+
+def same_number(a: str | None, b: str | None) -> bool:
+    """Whether two normalized numbers are equal to within one part in a million (a float print of an integer
+    answer, 3.4000000000000004 for 3.4, still counts)."""
+    if a is None or b is None:
+        return False
+    x, y = Decimal(a), Decimal(b)
+    return abs(x - y) <= Decimal("1e-6") * max(Decimal(1), abs(y))
+
+
+def executed_correct(output: str, gold: str, timeout: float = 10.0) -> bool:
+    """Run the answer's program and grade the last number it printed against ``gold``; False when it fails,
+    prints no number, or there is no program."""
+    from .code_exec import run_program
+
+    program = program_of(output)
+    if program is None:
+        return False
+    result = run_program(program, timeout=timeout, capture=True)
+    return result.passed and same_number(extract_flexible(result.stdout), normalize_number(gold))
+
+
+def style_table(run_dir: str | Path, reference: str, methods: list[str], grader: str = "math_verify",
+                execute: bool = False) -> dict:
+    """Per method, over the (problem, sample) pairs every named method and the reference share: outputs, share
+    written as programs, accuracy by style; against ``reference``, wins and losses keyed ``"<reference style> ->
+    <method style>"``. With ``execute``, also each method's accuracy when its programs are run (prose answers keep
+    their grade) and its paired difference, interval and McNemar p against the reference graded the same way."""
+    by: dict[str, dict[tuple, dict]] = {}
+    for row in read_rows(run_dir):
+        by.setdefault(row["method"], {})[row["id"], row.get("sample", 0)] = row
+    names = [reference, *(m for m in methods if m != reference)]
+    missing = [m for m in names if m not in by]
+    if missing:
+        raise ValueError(f"no rows of {missing} in {run_dir}; it has {sorted(by)}")
+    keys = sorted(set.intersection(*(set(by[m]) for m in names)))
+    if not keys:
+        raise ValueError(f"{names} share no (problem, sample) in {run_dir}")
+    styles = {m: [style_of(by[m][k]["output"]) for k in keys] for m in names}
+    grades = {m: [bool(by[m][k]["grades"][grader]) for k in keys] for m in names}
+    result: dict = {"run": str(run_dir), "reference": reference, "grader": grader, "outputs": len(keys),
+                    "problems": [keys[0][0], keys[-1][0]], "methods": {}}
+    if execute:
+        run_grades = {m: [executed_correct(by[m][k]["output"], by[m][k]["gold"]) if style == "program" else grade
+                          for k, style, grade in tqdm(list(zip(keys, styles[m], grades[m])), desc=f"run {m}",
+                                                      unit="output")]
+                      for m in names}
+    for method in names:
+        entry: dict = {"program_share": styles[method].count("program") / len(keys), "by_style": {}}
+        for style in STYLES:
+            chosen = [g for g, s in zip(grades[method], styles[method]) if s == style]
+            entry["by_style"][style] = {"outputs": len(chosen), "correct": sum(chosen)}
+        if execute:
+            entry["by_style"]["program"]["correct_when_run"] = sum(
+                g for g, s in zip(run_grades[method], styles[method]) if s == "program")
+            entry["correct_with_programs_run"] = sum(run_grades[method])
+        if method != reference:
+            pairs: Counter = Counter()
+            for ref_style, style, ref_grade, grade in zip(styles[reference], styles[method], grades[reference],
+                                                          grades[method]):
+                if grade != ref_grade:
+                    pairs[f"{ref_style} -> {style}", "won" if grade else "lost"] += 1
+            entry["paired"] = {pair: {"won": pairs[pair, "won"], "lost": pairs[pair, "lost"]}
+                               for pair in sorted({p for p, _ in pairs})}
+            if execute:
+                entry["paired_with_programs_run"] = paired_difference(keys, run_grades[method], run_grades[reference])
+        result["methods"][method] = entry
+    return result
+
+
+def paired_difference(keys: list[tuple], method: list[bool], reference: list[bool]) -> dict:
+    """Difference in points with its 95% bootstrap interval over problems, wins, losses and McNemar's p."""
+    def per_problem(grades: list[bool]) -> dict[int, list[bool]]:
+        out: dict[int, list[bool]] = {}
+        for (pid, _), g in zip(keys, grades):
+            out.setdefault(pid, []).append(g)
+        return out
+
+    d = accuracy_difference(per_problem(method), per_problem(reference))
+    test = mcnemar(reference, method)
+    return {"difference": 100 * d["difference"], "low": 100 * d["low"], "high": 100 * d["high"],
+            "won": test["only_method"], "lost": test["only_reference"], "p_value": test["p_value"]}
+
+
+def markdown(table: dict) -> str:
+    """The two tables of `style_table`'s result: accuracy by style, and paired outcomes by pair of styles."""
+    execute = any("correct_with_programs_run" in e for e in table["methods"].values())
+    lines = [f"Answer style over {table['outputs']} outputs (problems {table['problems'][0]}-{table['problems'][1]}),"
+             f" graded by {table['grader']}", "",
+             "| method | programs | program accuracy | prose accuracy |"
+             + (" programs right when run | correct, programs run |" if execute else ""),
+             "|---|---|---|---|" + ("---|---|" if execute else "")]
+    for method, e in table["methods"].items():
+        prog, prose = e["by_style"]["program"], e["by_style"]["prose"]
+        cells = [method, f"{prog['outputs']} ({100 * e['program_share']:.0f}%)",
+                 f"{prog['correct']}/{prog['outputs']}", f"{prose['correct']}/{prose['outputs']}"]
+        if execute:
+            cells += [f"{prog['correct_when_run']}/{prog['outputs']}", f"{e['correct_with_programs_run']}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", f"Paired against `{table['reference']}`, by (its style -> the method's style): won / lost", "",
+              "| method | styles | won | lost | net |", "|---|---|---|---|---|"]
+    for method, e in table["methods"].items():
+        for pair, c in e.get("paired", {}).items():
+            lines.append(f"| {method} | {pair} | {c['won']} | {c['lost']} | {c['won'] - c['lost']:+d} |")
+    if execute:
+        lines += ["", f"Paired against `{table['reference']}` with every program run (prose answers keep their grade)",
+                  "", "| method | difference [95% bootstrap] | won | lost | McNemar p |", "|---|---|---|---|---|"]
+        for method, e in table["methods"].items():
+            if "paired_with_programs_run" in e:
+                d = e["paired_with_programs_run"]
+                lines.append(f"| {method} | {d['difference']:+.1f} [{d['low']:+.1f}, {d['high']:+.1f}] | {d['won']} |"
+                             f" {d['lost']} | {d['p_value']:.3f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m evals.answer_style RUN_DIR --reference R --methods A,B [--execute]``: prints the tables and
+    writes RUN_DIR/answer-style.json (``--answers FILE`` instead counts programs among a JSONL's answers)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m evals.answer_style", description=main.__doc__)
+    parser.add_argument("run_dir", nargs="?")
+    parser.add_argument("--reference", default="vanilla")
+    parser.add_argument("--methods", default="", help="comma-separated methods to set against the reference")
+    parser.add_argument("--grader", default="math_verify")
+    parser.add_argument("--execute", action="store_true", help="also run every program answer and grade its output")
+    parser.add_argument("--answers", help="a JSONL with an 'answer' per line (a SENSE store's source): count programs")
+    args = parser.parse_args(argv)
+    if args.answers:
+        answers = [json.loads(line)["answer"] for line in Path(args.answers).read_text().splitlines() if line.strip()]
+        programs = sum(style_of(a) == "program" for a in answers)
+        share = 100 * programs / len(answers)
+        print(f"{args.answers}: {programs} of {len(answers)} answers are programs ({share:.0f}%)")
+        return
+    if not args.run_dir:
+        parser.error("give a run folder, or --answers FILE")
+    table = style_table(args.run_dir, args.reference, [m for m in args.methods.split(",") if m], args.grader,
+                        args.execute)
+    (Path(args.run_dir) / "answer-style.json").write_text(json.dumps(table, indent=2) + "\n")
+    print(markdown(table), end="")
+
+
+if __name__ == "__main__":
+    main()
