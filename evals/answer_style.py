@@ -153,8 +153,8 @@ def markdown(table: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m evals.answer_style RUN_DIR --reference R --methods A,B [--execute]``: prints the tables and
-    writes RUN_DIR/answer-style.json (``--answers FILE`` instead counts programs among a JSONL's answers)."""
+    """``python -m evals.answer_style RUN_DIR --reference R --methods A,B [--execute]``: prints the tables
+    and writes them to RUN_DIR/answer-style.md and .json (``--answers FILE``: count a JSONL's program answers)."""
     import argparse
 
     parser = argparse.ArgumentParser(prog="python -m evals.answer_style", description=main.__doc__)
@@ -176,6 +176,7 @@ def main(argv: list[str] | None = None) -> None:
     table = style_table(args.run_dir, args.reference, [m for m in args.methods.split(",") if m], args.grader,
                         args.execute)
     (Path(args.run_dir) / "answer-style.json").write_text(json.dumps(table, indent=2) + "\n")
+    (Path(args.run_dir) / "answer-style.md").write_text(markdown(table))
     print(markdown(table), end="")
 
 

@@ -91,7 +91,8 @@ def test_missing_methods_are_named(run_dir):
 def test_the_command_writes_its_table_and_counts_a_stores_programs(run_dir, tmp_path, capsys):
     main([str(run_dir), "--methods", "rule"])
     assert json.loads((run_dir / "answer-style.json").read_text())["methods"]["rule"]["paired"]
-    assert "| rule | prose -> prose | 0 | 1 | -1 |" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "| rule | prose -> prose | 0 | 1 | -1 |" in printed and (run_dir / "answer-style.md").read_text() == printed
     answers = tmp_path / "answers.jsonl"
     answers.write_text(json.dumps({"answer": INVENTED}) + "\n" + json.dumps({"answer": PROSE}) + "\n")
     main(["--answers", str(answers)])
