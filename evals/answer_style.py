@@ -17,6 +17,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from .benchmarks import get_benchmark
 from .grading import extract_flexible, normalize_number
 from .paired import accuracy_difference
 from .rows import read_rows
@@ -59,6 +60,19 @@ def executed_correct(output: str, gold: str, timeout: float = 10.0) -> bool:
     return result.passed and same_number(extract_flexible(result.stdout), normalize_number(gold))
 
 
+def graded_rows(run_dir: str | Path) -> list[dict]:
+    """The run's rows graded as `semverify report` grades them (today's graders, and an output cut off at the cap
+    without a final answer is no answer), so the tables add up to the report's counts; a folder without
+    ``run.json`` keeps the rows' stored grades."""
+    rows = read_rows(run_dir)
+    settings = Path(run_dir) / "run.json"
+    if not settings.exists():
+        return rows
+    s = json.loads(settings.read_text())["settings"]
+    bench = get_benchmark(s["benchmark"])
+    return [bench.regrade(row, s["max_new_tokens"]) for row in rows]
+
+
 def style_table(run_dir: str | Path, reference: str, methods: list[str], grader: str = "math_verify",
                 execute: bool = False) -> dict:
     """Per method, over the (problem, sample) pairs every named method and the reference share: outputs, share
@@ -66,7 +80,7 @@ def style_table(run_dir: str | Path, reference: str, methods: list[str], grader:
     <method style>"``. With ``execute``, also each method's accuracy when its programs are run (prose answers keep
     their grade) and its paired difference, interval and McNemar p against the reference graded the same way."""
     by: dict[str, dict[tuple, dict]] = {}
-    for row in read_rows(run_dir):
+    for row in graded_rows(run_dir):
         by.setdefault(row["method"], {})[row["id"], row.get("sample", 0)] = row
     names = [reference, *(m for m in methods if m != reference)]
     missing = [m for m in names if m not in by]

@@ -97,3 +97,14 @@ def test_the_command_writes_its_table_and_counts_a_stores_programs(run_dir, tmp_
     answers.write_text(json.dumps({"answer": INVENTED}) + "\n" + json.dumps({"answer": PROSE}) + "\n")
     main(["--answers", str(answers)])
     assert "1 of 2 answers are programs (50%)" in capsys.readouterr().out
+
+
+def test_rows_are_graded_as_the_report_grades_them(tmp_path):
+    from evals.answer_style import graded_rows
+
+    rows = [{**_row(0, "vanilla", "5 + 7 = 12", True), "new_tokens": 64},  # cut off at the cap, no final answer
+            {**_row(1, "vanilla", PROSE, False), "new_tokens": 10}]  # stored before a grader fix
+    (tmp_path / "rows.rank0.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert [r["grades"]["math_verify"] for r in graded_rows(tmp_path)] == [True, False]  # no run.json: as stored
+    (tmp_path / "run.json").write_text(json.dumps({"settings": {"benchmark": "gsm8k", "max_new_tokens": 64}}))
+    assert [r["grades"]["math_verify"] for r in graded_rows(tmp_path)] == [False, True]
