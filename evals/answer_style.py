@@ -64,13 +64,17 @@ def graded_rows(run_dir: str | Path) -> list[dict]:
     """The run's rows graded as `semverify report` grades them (today's graders, and an output cut off at the cap
     without a final answer is no answer), so the tables add up to the report's counts; a folder without
     ``run.json`` keeps the rows' stored grades."""
-    rows = read_rows(run_dir)
-    settings = Path(run_dir) / "run.json"
-    if not settings.exists():
+    rows, s = read_rows(run_dir), run_settings(run_dir)
+    if not s:
         return rows
-    s = json.loads(settings.read_text())["settings"]
     bench = get_benchmark(s["benchmark"])
     return [bench.regrade(row, s["max_new_tokens"]) for row in rows]
+
+
+def run_settings(run_dir: str | Path) -> dict:
+    """The settings ``run.json`` records, or {} for a folder of rows without one."""
+    path = Path(run_dir) / "run.json"
+    return json.loads(path.read_text())["settings"] if path.exists() else {}
 
 
 def style_table(run_dir: str | Path, reference: str, methods: list[str], grader: str = "math_verify",
@@ -79,6 +83,9 @@ def style_table(run_dir: str | Path, reference: str, methods: list[str], grader:
     written as programs, accuracy by style; against ``reference``, wins and losses keyed ``"<reference style> ->
     <method style>"``. With ``execute``, also each method's accuracy when its programs are run (prose answers keep
     their grade) and its paired difference, interval and McNemar p against the reference graded the same way."""
+    benchmark = run_settings(run_dir).get("benchmark", "gsm8k")
+    if execute and benchmark != "gsm8k":
+        raise ValueError(f"--execute grades a program by the number it prints, a GSM8K answer; this run is {benchmark}")
     by: dict[str, dict[tuple, dict]] = {}
     for row in graded_rows(run_dir):
         by.setdefault(row["method"], {})[row["id"], row.get("sample", 0)] = row

@@ -108,3 +108,9 @@ def test_rows_are_graded_as_the_report_grades_them(tmp_path):
     assert [r["grades"]["math_verify"] for r in graded_rows(tmp_path)] == [True, False]  # no run.json: as stored
     (tmp_path / "run.json").write_text(json.dumps({"settings": {"benchmark": "gsm8k", "max_new_tokens": 64}}))
     assert [r["grades"]["math_verify"] for r in graded_rows(tmp_path)] == [False, True]
+
+
+def test_programs_are_run_only_for_gsm8k(run_dir):
+    (run_dir / "run.json").write_text(json.dumps({"settings": {"benchmark": "math500", "max_new_tokens": 64}}))
+    with pytest.raises(ValueError, match="math500"):
+        style_table(run_dir, "vanilla", ["rule"], execute=True)
