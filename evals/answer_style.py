@@ -174,8 +174,9 @@ def markdown(table: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m evals.answer_style RUN_DIR --reference R --methods A,B [--execute]``: prints the tables
-    and writes them to RUN_DIR/answer-style.md and .json (``--answers FILE``: count a JSONL's program answers)."""
+    """``python -m evals.answer_style RUN_DIR --reference R --methods A,B [--execute] [--out DIR]``: prints the
+    tables and writes answer-style.md and .json to DIR (default RUN_DIR); ``--answers FILE`` counts a JSONL's
+    program answers instead."""
     import argparse
 
     parser = argparse.ArgumentParser(prog="python -m evals.answer_style", description=main.__doc__)
@@ -185,6 +186,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--grader", default="math_verify")
     parser.add_argument("--execute", action="store_true", help="also run every program answer and grade its output")
     parser.add_argument("--answers", help="a JSONL with an 'answer' per line (a SENSE store's source): count programs")
+    parser.add_argument("--out", help="the folder for answer-style.md and .json (default: the run folder)")
     args = parser.parse_args(argv)
     if args.answers:
         answers = [json.loads(line)["answer"] for line in Path(args.answers).read_text().splitlines() if line.strip()]
@@ -196,8 +198,10 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("give a run folder, or --answers FILE")
     table = style_table(args.run_dir, args.reference, [m for m in args.methods.split(",") if m], args.grader,
                         args.execute)
-    (Path(args.run_dir) / "answer-style.json").write_text(json.dumps(table, indent=2) + "\n")
-    (Path(args.run_dir) / "answer-style.md").write_text(markdown(table))
+    out = Path(args.out or args.run_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "answer-style.json").write_text(json.dumps(table, indent=2) + "\n")
+    (out / "answer-style.md").write_text(markdown(table))
     print(markdown(table), end="")
 
 

@@ -95,6 +95,8 @@ def test_the_command_writes_its_table_and_counts_a_stores_programs(run_dir, tmp_
     assert "| rule | prose -> prose | 0 | 1 | -1 |" in printed and (run_dir / "answer-style.md").read_text() == printed
     answers = tmp_path / "answers.jsonl"
     answers.write_text(json.dumps({"answer": INVENTED}) + "\n" + json.dumps({"answer": PROSE}) + "\n")
+    main([str(run_dir), "--methods", "rule", "--out", str(tmp_path / "elsewhere")])
+    assert (tmp_path / "elsewhere" / "answer-style.md").read_text() == printed
     main(["--answers", str(answers)])
     assert "1 of 2 answers are programs (50%)" in capsys.readouterr().out
 
