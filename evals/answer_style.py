@@ -18,6 +18,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from .benchmarks import get_benchmark
+from .code_exec import run_program
 from .grading import extract_flexible, normalize_number
 from .paired import accuracy_difference
 from .rows import read_rows
@@ -51,8 +52,6 @@ def same_number(a: str | None, b: str | None) -> bool:
 def executed_correct(output: str, gold: str, timeout: float = 10.0) -> bool:
     """Run the answer's program and grade the last number it printed against ``gold``; False when it fails,
     prints no number, or there is no program."""
-    from .code_exec import run_program
-
     program = program_of(output)
     if program is None:
         return False
