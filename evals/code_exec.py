@@ -86,7 +86,10 @@ def run_program(program: str, timeout: float = 10.0, memory_mb: int = 2048, capt
         finally:
             if child.poll() is None:
                 os.killpg(child.pid, signal.SIGKILL)
-        printed = open(out_path, encoding="utf-8", errors="replace").read()[-2000:] if capture else ""
+        printed = ""
+        if capture and os.path.exists(out_path):  # the program runs in this folder and could remove the file
+            with open(out_path, encoding="utf-8", errors="replace") as f:
+                printed = f.read()[-2000:]
     if child.returncode == 0:
         return ExecResult("passed", stdout=printed)
     return ExecResult("failed", err.decode("utf-8", "replace")[-500:], printed)
