@@ -20,7 +20,7 @@ from tqdm import tqdm
 from .benchmarks import get_benchmark
 from .code_exec import run_program
 from .grading import extract_flexible, normalize_number
-from .paired import accuracy_difference
+from .paired import accuracy_difference, by_problem
 from .rows import read_rows
 from .summary import mcnemar
 
@@ -129,13 +129,7 @@ def style_table(run_dir: str | Path, reference: str, methods: list[str], grader:
 
 def paired_difference(keys: list[tuple], method: list[bool], reference: list[bool]) -> dict:
     """Difference in points with its 95% bootstrap interval over problems, wins, losses and McNemar's p."""
-    def per_problem(grades: list[bool]) -> dict[int, list[bool]]:
-        out: dict[int, list[bool]] = {}
-        for (pid, _), g in zip(keys, grades):
-            out.setdefault(pid, []).append(g)
-        return out
-
-    d = accuracy_difference(per_problem(method), per_problem(reference))
+    d = accuracy_difference(by_problem(keys, method), by_problem(keys, reference))
     test = mcnemar(reference, method)
     return {"difference": 100 * d["difference"], "low": 100 * d["low"], "high": 100 * d["high"],
             "won": test["only_method"], "lost": test["only_reference"], "p_value": test["p_value"]}

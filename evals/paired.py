@@ -12,6 +12,14 @@ import statistics
 Z_95, Z_POWER_80 = 1.959964, 0.841621  # two-sided 5% test, 80% power
 
 
+def by_problem(keys: list[tuple[int, int]], grades: list[bool]) -> dict[int, list[bool]]:
+    """Each problem's grades, in sample order, from grades aligned with the (problem, sample) ``keys``."""
+    out: dict[int, list[bool]] = {}
+    for (pid, _), grade in zip(keys, grades):
+        out.setdefault(pid, []).append(grade)
+    return out
+
+
 def pass_rates(grades: dict[int, list[bool]]) -> dict[int, float]:
     """Each problem's share of correct samples."""
     return {pid: sum(g) / len(g) for pid, g in grades.items()}

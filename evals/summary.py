@@ -15,7 +15,7 @@ from semverify.registry import RunContext
 
 from .benchmarks import get_benchmark
 from .margins import lossless_differences
-from .paired import accuracy_difference, divergence
+from .paired import accuracy_difference, by_problem, divergence
 from .rows import read_rows
 
 
@@ -126,10 +126,11 @@ def summarise(run_dir: str | Path, reference: str = "vanilla", grader: str | Non
         for other in paired:
             if other != m.name:
                 theirs = [by[(i, other)] for i in ids]
+                mine, their_grades = [r["grades"][grader] for r in rs], [t["grades"][grader] for t in theirs]
                 entry["paired"][other] = {
-                    **mcnemar([t["grades"][grader] for t in theirs], [r["grades"][grader] for r in rs]),
+                    **mcnemar(their_grades, mine),
                     "identical": sum(t["output"] == r["output"] for t, r in zip(theirs, rs)),
-                    "difference": accuracy_difference(_per_problem(ids, rs, grader), _per_problem(ids, theirs, grader)),
+                    "difference": accuracy_difference(by_problem(ids, mine), by_problem(ids, their_grades)),
                     "divergence": divergence(rs, theirs, grader),
                 }
                 if other == reference and entry["lossless"]:
@@ -198,14 +199,6 @@ def _throughput_gain(run_dir: Path, timed_dir: Path, methods: list[str], leave_o
         fast = len(both) * 3600 / max(sum(_seconds(batched[(i, name)]) for i in both), 1e-9)
         slow = len(both) * 3600 / max(sum(_seconds(timed[(i, name)]) for i in both), 1e-9)
         out[name] = {"problems": len(both), "accuracy_per_hour": fast, "timed_per_hour": slow, "gain": fast / slow}
-    return out
-
-
-def _per_problem(ids: list[tuple[int, int]], rows: list[dict], grader: str) -> dict[int, list[bool]]:
-    """Each problem's grades, in sample order, from rows aligned with the (problem, sample) ``ids``."""
-    out: dict[int, list[bool]] = {}
-    for (pid, _), row in zip(ids, rows):
-        out.setdefault(pid, []).append(row["grades"][grader])
     return out
 
 
