@@ -3,36 +3,26 @@
 A rule can move accuracy by changing how the model writes rather than how well it reasons: the Qwen coder
 models often answer with a program and then invent the program's printed output. This module tabulates, per
 method, how often it wrote a program and its accuracy by style, and splits the paired wins and losses against a
-reference by the pair of styles. With ``execute``, each program is also run (sandboxed, `evals.code_exec`) and
-its last printed number graded, to tell a wrong program from a right one whose output the model made up.
+reference by the pair of styles. Where the rows carry the ``program_run`` grade (GSM8K; see `evals.grading`), it
+also sets each method against the reference with every program run, to tell a wrong program from a right one
+whose output the model made up.
 """
 
 from __future__ import annotations
 
 import json
-import re
 from collections import Counter
-from decimal import Decimal
 from pathlib import Path
 
 from tqdm import tqdm
 
 from .benchmarks import get_benchmark
-from .code_exec import run_program
-from .grading import extract_flexible, normalize_number
+from .grading import program_of
 from .paired import accuracy_difference, by_problem
 from .rows import read_rows
 from .summary import mcnemar
 
-_PROGRAM_RE = re.compile(r"```[ \t]*(?:python3?|py)[ \t]*\n(.*?)(?:```|$)", re.DOTALL | re.IGNORECASE)
 STYLES = ("program", "prose")
-
-
-def program_of(output: str) -> str | None:
-    """The Python an answer wrote: its fenced ``python`` blocks joined in order (an unclosed last block, cut off
-    at the cap, runs to the end), or None for a prose answer. Untagged and ``output`` fences do not count."""
-    blocks = _PROGRAM_RE.findall(output)
-    return "\n".join(blocks) if blocks else None
 
 
 def style_of(output: str) -> str:
@@ -40,34 +30,15 @@ def style_of(output: str) -> str:
     return "program" if program_of(output) is not None else "prose"
 
 
-def same_number(a: str | None, b: str | None) -> bool:
-    """Whether two normalized numbers are equal to within one part in a million (a float print of an integer
-    answer, 3.4000000000000004 for 3.4, still counts)."""
-    if a is None or b is None:
-        return False
-    x, y = Decimal(a), Decimal(b)
-    return abs(x - y) <= Decimal("1e-6") * max(Decimal(1), abs(y))
-
-
-def executed_correct(output: str, gold: str, timeout: float = 10.0) -> bool:
-    """Run the answer's program and grade the last number it printed against ``gold``; False when it fails,
-    prints no number, or there is no program."""
-    program = program_of(output)
-    if program is None:
-        return False
-    result = run_program(program, timeout=timeout, capture=True)
-    return result.passed and same_number(extract_flexible(result.stdout), normalize_number(gold))
-
-
 def graded_rows(run_dir: str | Path) -> list[dict]:
     """The run's rows graded as `semverify report` grades them (today's graders, and an output cut off at the cap
     without a final answer is no answer), so the tables add up to the report's counts; a folder without
-    ``run.json`` keeps the rows' stored grades."""
+    ``run.json`` keeps the rows' stored grades. Grading runs GSM8K program answers, hence the progress bar."""
     rows, s = read_rows(run_dir), run_settings(run_dir)
     if not s:
         return rows
     bench = get_benchmark(s["benchmark"])
-    return [bench.regrade(row, s["max_new_tokens"]) for row in rows]
+    return [bench.regrade(row, s["max_new_tokens"]) for row in tqdm(rows, desc="grade", unit="row")]
 
 
 def run_settings(run_dir: str | Path) -> dict:
@@ -76,15 +47,12 @@ def run_settings(run_dir: str | Path) -> dict:
     return json.loads(path.read_text())["settings"] if path.exists() else {}
 
 
-def style_table(run_dir: str | Path, reference: str, methods: list[str], grader: str = "math_verify",
-                execute: bool = False) -> dict:
+def style_table(run_dir: str | Path, reference: str, methods: list[str], grader: str = "math_verify") -> dict:
     """Per method, over the (problem, sample) pairs every named method and the reference share: outputs, share
     written as programs, accuracy by style; against ``reference``, wins and losses keyed ``"<reference style> ->
-    <method style>"``. With ``execute``, also each method's accuracy when its programs are run (prose answers keep
-    their grade) and its paired difference, interval and McNemar p against the reference graded the same way."""
-    benchmark = run_settings(run_dir).get("benchmark", "gsm8k")
-    if execute and benchmark != "gsm8k":
-        raise ValueError(f"--execute grades a program by the number it prints, a GSM8K answer; this run is {benchmark}")
+    <method style>"``. Where the rows have a ``program_run`` grade, also each method's accuracy with its programs
+    run (prose answers keep their grade) and its paired difference, interval and McNemar p against the reference
+    graded the same way."""
     by: dict[str, dict[tuple, dict]] = {}
     for row in graded_rows(run_dir):
         by.setdefault(row["method"], {})[row["id"], row.get("sample", 0)] = row
@@ -99,11 +67,9 @@ def style_table(run_dir: str | Path, reference: str, methods: list[str], grader:
     grades = {m: [bool(by[m][k]["grades"][grader]) for k in keys] for m in names}
     result: dict = {"run": str(run_dir), "reference": reference, "grader": grader, "outputs": len(keys),
                     "problems": [keys[0][0], keys[-1][0]], "methods": {}}
+    execute = all("program_run" in by[m][k]["grades"] for m in names for k in keys)
     if execute:
-        run_grades = {m: [executed_correct(by[m][k]["output"], by[m][k]["gold"]) if style == "program" else grade
-                          for k, style, grade in tqdm(list(zip(keys, styles[m], grades[m])), desc=f"run {m}",
-                                                      unit="output")]
-                      for m in names}
+        run_grades = {m: [bool(by[m][k]["grades"]["program_run"]) for k in keys] for m in names}
     for method in names:
         entry: dict = {"program_share": styles[method].count("program") / len(keys), "by_style": {}}
         for style in STYLES:
@@ -167,7 +133,7 @@ def markdown(table: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m evals.answer_style RUN_DIR --reference R --methods A,B [--execute] [--out DIR]``: prints the
+    """``python -m evals.answer_style RUN_DIR --reference R --methods A,B [--out DIR]``: prints the
     tables and writes answer-style.md and .json to DIR (default RUN_DIR); ``--answers FILE`` counts a JSONL's
     program answers instead."""
     import argparse
@@ -177,7 +143,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--reference", default="vanilla")
     parser.add_argument("--methods", default="", help="comma-separated methods to set against the reference")
     parser.add_argument("--grader", default="math_verify")
-    parser.add_argument("--execute", action="store_true", help="also run every program answer and grade its output")
     parser.add_argument("--answers", help="a JSONL with an 'answer' per line (a SENSE store's source): count programs")
     parser.add_argument("--out", help="the folder for answer-style.md and .json (default: the run folder)")
     args = parser.parse_args(argv)
@@ -189,8 +154,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     if not args.run_dir:
         parser.error("give a run folder, or --answers FILE")
-    table = style_table(args.run_dir, args.reference, [m for m in args.methods.split(",") if m], args.grader,
-                        args.execute)
+    table = style_table(args.run_dir, args.reference, [m for m in args.methods.split(",") if m], args.grader)
     out = Path(args.out or args.run_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "answer-style.json").write_text(json.dumps(table, indent=2) + "\n")

@@ -1,13 +1,16 @@
 """Answer graders reported side by side, so a score never hides how the answer was read out of the text.
 
 GSM8K: strict (the number in the answer's explicit marker: "Final Answer:", the last \\boxed{}, or
-"####"), flexible (the last number, as lm-evaluation-harness's flexible-extract) and Math-Verify.
+"####"), flexible (the last number, as lm-evaluation-harness's flexible-extract), Math-Verify, and
+program-run (an answer written as a Python program graded by the number the program prints when run, sandboxed:
+coder models often write one and then make up its output; prose answers keep their Math-Verify grade).
 MATH-500: the last \\boxed{} compared as a normalised string, and Math-Verify against the gold LaTeX.
 HumanEval: pass@1, the answer's code run against the problem's tests in a sandboxed process.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 from decimal import Decimal
@@ -17,7 +20,7 @@ from math_verify import parse, verify
 # timeouts are off on purpose (see grade_math_verify); its warning about that on every call is noise
 logging.getLogger("math_verify").setLevel(logging.ERROR)
 
-GRADERS = ("strict", "flexible", "math_verify")
+GRADERS = ("strict", "flexible", "math_verify", "program_run")
 
 # An ASCII number as written in an answer: optional minus (not a hyphen inside a word or range like
 # "10-3"), optional "$", digits with well-formed thousands commas or none, optional decimals.
@@ -70,11 +73,52 @@ def grade(output: str, gold: str) -> dict[str, bool]:
     """Correctness of a GSM8K ``output`` under every grader in ``GRADERS``, so results report them side by side."""
     expected = normalize_number(gold)
     strict, flexible = extract_strict(output), extract_flexible(output)
+    math_verify = grade_math_verify(output, gold)
     return {
         "strict": expected is not None and strict == expected,
         "flexible": expected is not None and flexible == expected,
-        "math_verify": grade_math_verify(output, gold),
+        "math_verify": math_verify,
+        "program_run": grade_program_run(output, gold, math_verify),
     }
+
+
+# a fenced block tagged as Python; untagged and ``output`` fences are not programs
+_PROGRAM_RE = re.compile(r"```[ \t]*(?:python3?|py)[ \t]*\n(.*?)(?:```|$)", re.DOTALL | re.IGNORECASE)
+
+
+def program_of(output: str) -> str | None:
+    """The Python an answer wrote: its fenced ``python`` blocks joined in order (an unclosed last block, cut off
+    at the cap, runs to the end), or None for a prose answer."""
+    blocks = _PROGRAM_RE.findall(output)
+    return "\n".join(blocks) if blocks else None
+
+
+def same_number(a: str | None, b: str | None) -> bool:
+    """Whether two normalized numbers are equal to within one part in a million (a float print of an integer
+    answer, 3.4000000000000004 for 3.4, still counts)."""
+    if a is None or b is None:
+        return False
+    x, y = Decimal(a), Decimal(b)
+    return abs(x - y) <= Decimal("1e-6") * max(Decimal(1), abs(y))
+
+
+@functools.lru_cache(maxsize=16384)
+def printed_number(program: str, timeout: float = 10.0) -> str | None:
+    """The last number ``program`` prints when run sandboxed (`evals.code_exec`), or None when it fails or prints
+    none. Cached, as a report regrades the same answers more than once."""
+    from .code_exec import run_program
+
+    result = run_program(program, timeout=timeout, capture=True)
+    return extract_flexible(result.stdout) if result.passed else None
+
+
+def grade_program_run(output: str, gold: str, prose_grade: bool) -> bool:
+    """A program answer is right when its program, run, prints ``gold`` last (whatever output the text claims
+    for it); a prose answer keeps ``prose_grade``."""
+    program = program_of(output)
+    if program is None:
+        return prose_grade
+    return same_number(printed_number(program), normalize_number(gold))
 
 
 MATH_GRADERS = ("boxed", "math_verify")

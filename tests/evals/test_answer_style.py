@@ -6,8 +6,9 @@ import json
 
 import pytest
 
-from evals.answer_style import executed_correct, main, markdown, program_of, same_number, style_of, style_table
+from evals.answer_style import graded_rows, main, markdown, style_of, style_table
 from evals.code_exec import run_program
+from evals.grading import grade_program_run, program_of, same_number
 
 # a program answer whose printed output the model made up (the program itself prints 12)
 INVENTED = ("Let's compute it.\n```python\na = 5\nb = 7\nprint(a + b)\n```\n```output\n13\n```\n"
@@ -36,10 +37,10 @@ def test_run_program_captures_what_it_printed():
 
 
 def test_a_program_answer_is_graded_by_what_it_prints_when_run():
-    assert executed_correct(INVENTED, "12")  # the made-up 13 does not count, the program's 12 does
-    assert not executed_correct(INVENTED, "13")
-    assert not executed_correct(PROSE, "12")  # no program to run
-    assert not executed_correct("```python\nraise ValueError\n```", "12")
+    assert grade_program_run(INVENTED, "12", False)  # the made-up 13 does not count, the program's 12 does
+    assert not grade_program_run(INVENTED, "13", True)
+    assert grade_program_run(PROSE, "12", True) and not grade_program_run(PROSE, "12", False)  # prose: as graded
+    assert not grade_program_run("```python\nprint(12)\nraise ValueError\n```", "12", True)  # it must exit cleanly
 
 
 def _row(pid: int, method: str, output: str, correct: bool) -> dict:
@@ -70,11 +71,12 @@ def test_style_table_splits_paired_outcomes_by_the_pair_of_styles(run_dir):
     assert ref["program_share"] == pytest.approx(1 / 3)
     assert ref["by_style"] == {"program": {"outputs": 1, "correct": 0}, "prose": {"outputs": 2, "correct": 2}}
     assert rule["paired"] == {"program -> prose": {"won": 1, "lost": 0}, "prose -> prose": {"won": 0, "lost": 1}}
-    assert "paired_with_programs_run" not in rule
+    assert "paired_with_programs_run" not in rule  # stored rows without a program_run grade
 
 
 def test_running_the_programs_can_erase_a_style_win(run_dir):
-    table = style_table(run_dir, "vanilla", ["rule"], execute=True)
+    (run_dir / "run.json").write_text(json.dumps({"settings": {"benchmark": "gsm8k", "max_new_tokens": 512}}))
+    table = style_table(run_dir, "vanilla", ["rule"])
     ref, rule = table["methods"]["vanilla"], table["methods"]["rule"]
     assert ref["by_style"]["program"]["correct_when_run"] == 1 and ref["correct_with_programs_run"] == 3
     run = rule["paired_with_programs_run"]  # run, the reference's program is right: the rule only lost problem 1
@@ -102,8 +104,6 @@ def test_the_command_writes_its_table_and_counts_a_stores_programs(run_dir, tmp_
 
 
 def test_rows_are_graded_as_the_report_grades_them(tmp_path):
-    from evals.answer_style import graded_rows
-
     rows = [{**_row(0, "vanilla", "5 + 7 = 12", True), "new_tokens": 64},  # cut off at the cap, no final answer
             {**_row(1, "vanilla", PROSE, False), "new_tokens": 10}]  # stored before a grader fix
     (tmp_path / "rows.rank0.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -114,5 +114,6 @@ def test_rows_are_graded_as_the_report_grades_them(tmp_path):
 
 def test_programs_are_run_only_for_gsm8k(run_dir):
     (run_dir / "run.json").write_text(json.dumps({"settings": {"benchmark": "math500", "max_new_tokens": 64}}))
-    with pytest.raises(ValueError, match="math500"):
-        style_table(run_dir, "vanilla", ["rule"], execute=True)
+    table = style_table(run_dir, "vanilla", ["rule"])
+    assert "correct_with_programs_run" not in table["methods"]["vanilla"]
+    assert "programs run" not in markdown(table)

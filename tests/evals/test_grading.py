@@ -120,11 +120,22 @@ T, F = True, False
     ("", "0", F, F, F),
 ])
 def test_grade(output, gold, strict, flexible, math_verify):
-    assert grade(output, gold) == {"strict": strict, "flexible": flexible, "math_verify": math_verify}
+    # prose answers: the program-run grade is the Math-Verify grade
+    assert grade(output, gold) == {"strict": strict, "flexible": flexible, "math_verify": math_verify,
+                                   "program_run": math_verify}
 
 
 def test_grade_reports_every_grader():
-    assert tuple(grade("Final Answer: 1", "1")) == GRADERS == ("strict", "flexible", "math_verify")
+    assert tuple(grade("Final Answer: 1", "1")) == GRADERS == ("strict", "flexible", "math_verify", "program_run")
+
+
+def test_a_program_answer_is_graded_by_running_it_beside_the_text_grades():
+    # the program prints 12; the text claims an output of 13 and boxes it
+    invented = "```python\nprint(5 + 7)\n```\n```output\n13\n```\nSo the answer is \\boxed{13}."
+    assert grade(invented, "12") == {"strict": F, "flexible": F, "math_verify": F, "program_run": T}
+    assert grade(invented, "13") == {"strict": T, "flexible": T, "math_verify": T, "program_run": F}
+    assert grading.printed_number.__wrapped__("while True:\n    pass\n", timeout=1.0) is None  # killed at its timeout
+    assert not grading.grade_program_run("```python\nprint(1 / 0)\n```\n\\boxed{3}", "3", True)  # a failed run
 
 
 @pytest.mark.parametrize("output, gold, boxed, math_verify", [
