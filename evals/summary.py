@@ -9,6 +9,7 @@ import statistics
 from pathlib import Path
 
 from scipy.stats import binomtest
+from tqdm import tqdm
 
 from semverify.methods import Method
 from semverify.registry import RunContext
@@ -71,7 +72,9 @@ def summarise(run_dir: str | Path, reference: str = "vanilla", grader: str | Non
     cpus = run_cpus(run)
     only_cpu = cpus[0] if len(cpus) == 1 and cpus[0] != "?" else None
     finished = set(ids)
-    uncapped = {k: bench.regrade(r)["grades"] for k, r in by.items() if k[0] in finished}  # graded once
+    # graded once (GSM8K's program_run runs the program answers, hence the progress bar)
+    uncapped = {k: bench.regrade(r)["grades"]
+                for k, r in tqdm(by.items(), desc="grade", unit="row", leave=False) if k[0] in finished}
     by = {k: {**r, "grades": bench.cut_at_cap(uncapped[k], r["output"], r.get("new_tokens", 0) >= s["max_new_tokens"]),
               "machine": r.get("machine", only_cpu)}
           for k, r in by.items() if k[0] in finished}
