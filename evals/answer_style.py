@@ -67,15 +67,15 @@ def style_table(run_dir: str | Path, reference: str, methods: list[str], grader:
     grades = {m: [bool(by[m][k]["grades"][grader]) for k in keys] for m in names}
     result: dict = {"run": str(run_dir), "reference": reference, "grader": grader, "outputs": len(keys),
                     "problems": [keys[0][0], keys[-1][0]], "methods": {}}
-    execute = all("program_run" in by[m][k]["grades"] for m in names for k in keys)
-    if execute:
+    programs_run = all("program_run" in by[m][k]["grades"] for m in names for k in keys)
+    if programs_run:
         run_grades = {m: [bool(by[m][k]["grades"]["program_run"]) for k in keys] for m in names}
     for method in names:
         entry: dict = {"program_share": styles[method].count("program") / len(keys), "by_style": {}}
         for style in STYLES:
             chosen = [g for g, s in zip(grades[method], styles[method]) if s == style]
             entry["by_style"][style] = {"outputs": len(chosen), "correct": sum(chosen)}
-        if execute:
+        if programs_run:
             entry["by_style"]["program"]["correct_when_run"] = sum(
                 g for g, s in zip(run_grades[method], styles[method]) if s == "program")
             entry["correct_with_programs_run"] = sum(run_grades[method])
@@ -87,7 +87,7 @@ def style_table(run_dir: str | Path, reference: str, methods: list[str], grader:
                     pairs[f"{ref_style} -> {style}", "won" if grade else "lost"] += 1
             entry["paired"] = {pair: {"won": pairs[pair, "won"], "lost": pairs[pair, "lost"]}
                                for pair in sorted({p for p, _ in pairs})}
-            if execute:
+            if programs_run:
                 entry["paired_with_programs_run"] = paired_difference(keys, run_grades[method], run_grades[reference])
         result["methods"][method] = entry
     return result
@@ -103,17 +103,17 @@ def paired_difference(keys: list[tuple], method: list[bool], reference: list[boo
 
 def markdown(table: dict) -> str:
     """The two tables of `style_table`'s result: accuracy by style, and paired outcomes by pair of styles."""
-    execute = any("correct_with_programs_run" in e for e in table["methods"].values())
+    programs_run = any("correct_with_programs_run" in e for e in table["methods"].values())
     lines = [f"Answer style over {table['outputs']} outputs (problems {table['problems'][0]}-{table['problems'][1]}),"
              f" graded by {table['grader']}", "",
              "| method | programs | program accuracy | prose accuracy |"
-             + (" programs right when run | correct, programs run |" if execute else ""),
-             "|---|---|---|---|" + ("---|---|" if execute else "")]
+             + (" programs right when run | correct, programs run |" if programs_run else ""),
+             "|---|---|---|---|" + ("---|---|" if programs_run else "")]
     for method, e in table["methods"].items():
         prog, prose = e["by_style"]["program"], e["by_style"]["prose"]
         cells = [method, f"{prog['outputs']} ({100 * e['program_share']:.0f}%)",
                  f"{prog['correct']}/{prog['outputs']}", f"{prose['correct']}/{prose['outputs']}"]
-        if execute:
+        if programs_run:
             cells += [f"{prog['correct_when_run']}/{prog['outputs']}", f"{e['correct_with_programs_run']}"]
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", f"Paired against `{table['reference']}`, by (its style -> the method's style): won / lost", "",
@@ -121,7 +121,7 @@ def markdown(table: dict) -> str:
     for method, e in table["methods"].items():
         for pair, c in e.get("paired", {}).items():
             lines.append(f"| {method} | {pair} | {c['won']} | {c['lost']} | {c['won'] - c['lost']:+d} |")
-    if execute:
+    if programs_run:
         lines += ["", f"Paired against `{table['reference']}` with every program run (prose answers keep their grade)",
                   "", "| method | difference [95% bootstrap] | won | lost | McNemar p |", "|---|---|---|---|---|"]
         for method, e in table["methods"].items():
