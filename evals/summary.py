@@ -73,8 +73,8 @@ def summarise(run_dir: str | Path, reference: str = "vanilla", grader: str | Non
     only_cpu = cpus[0] if len(cpus) == 1 and cpus[0] != "?" else None
     finished = set(ids)
     # graded once (GSM8K's program_run runs the program answers, hence the progress bar)
-    uncapped = {k: bench.regrade(r)["grades"]
-                for k, r in tqdm(by.items(), desc="grade", unit="row", leave=False) if k[0] in finished}
+    to_grade = [(k, r) for k, r in by.items() if k[0] in finished]
+    uncapped = {k: bench.regrade(r)["grades"] for k, r in tqdm(to_grade, desc="grade", unit="row", leave=False)}
     by = {k: {**r, "grades": bench.cut_at_cap(uncapped[k], r["output"], r.get("new_tokens", 0) >= s["max_new_tokens"]),
               "machine": r.get("machine", only_cpu)}
           for k, r in by.items() if k[0] in finished}
