@@ -1,0 +1,91 @@
+"""The 500-problem GSM8K table's figures in README.md and docs/results.md are the committed reports' figures.
+
+That table grows by a batch each session and its counts and intervals are quoted in several places; this test
+reads them from `results/gsm8k-500/*/summary.json` (no model, no regrading) so that a report regenerated without
+its quotes (or quotes edited without a report) fails CI.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+TABLE = ROOT / "results" / "gsm8k-500"
+REPORTS = {"math_verify": TABLE / "vanilla-easd-sense", "program_run": TABLE / "vanilla-easd-sense-program-run"}
+REFERENCE = "vanilla"
+METHODS = ("sense_id_p70", "easd")
+README_ROW_MARK = "| GSM8K 500-table"
+
+
+def summary(grader: str) -> dict:
+    return json.loads((REPORTS[grader] / "summary.json").read_text())
+
+
+def points(interval: dict, low: str = "low", high: str = "high") -> str:
+    """An interval as the docs write it: '+7.8 [+2.1, +13.5]' (percentage points, one decimal)."""
+    return f"{100 * interval['difference']:+.1f} [{100 * interval[low]:+.1f}, {100 * interval[high]:+.1f}]"
+
+
+def correct(s: dict, method: str, grader: str) -> int:
+    return s["methods"][method]["accuracy"][grader]["correct"]
+
+
+def quotes(grader: str) -> dict[str, list[str]]:
+    """What the docs must say about each method on this grader: counts of correct answers and paired intervals."""
+    s = summary(grader)
+    n = s["problems"]
+    out = {REFERENCE: [f"{correct(s, REFERENCE, grader)}"]}
+    for method in METHODS:
+        difference = s["methods"][method]["paired"][REFERENCE]["difference"]
+        out[method] = [f"{correct(s, method, grader)}", points(difference)]
+    if grader == "math_verify":
+        out[REFERENCE] = [f"({correct(s, REFERENCE, grader)}/{n})"]
+        for method in METHODS:
+            out[method][0] = f"{correct(s, method, grader)}/{n}"
+    return out
+
+
+def readme_row() -> str:
+    rows = [line for line in (ROOT / "README.md").read_text().splitlines() if line.startswith(README_ROW_MARK)]
+    assert len(rows) == 1, f"README.md should have one row starting {README_ROW_MARK!r}, has {len(rows)}"
+    return rows[0]
+
+
+def test_both_reports_cover_the_same_problems() -> None:
+    assert summary("math_verify")["problems"] == summary("program_run")["problems"]
+    assert summary("math_verify")["grader"] == "math_verify"
+    assert summary("program_run")["grader"] == "program_run"
+
+
+@pytest.mark.parametrize("grader", sorted(REPORTS))
+def test_the_readme_row_quotes_the_reports(grader: str) -> None:
+    row = readme_row()
+    n = summary(grader)["problems"]
+    assert f"first {n} problems" in row
+    for method, strings in quotes(grader).items():
+        for text in strings:
+            assert text in row, f"README's 500-table row lacks {text!r} ({method}, {grader}, {n} problems)"
+
+
+def test_the_anytime_valid_interval_is_quoted() -> None:
+    difference = summary("math_verify")["methods"]["sense_id_p70"]["paired"][REFERENCE]["difference"]
+    anytime = points(difference, "anytime_low", "anytime_high").split(" ", 1)[1]
+    for page in (ROOT / "README.md", ROOT / "docs" / "results.md"):
+        assert f"anytime-valid {anytime}" in page.read_text() or f"anytime-valid interval, {anytime}" in (
+            page.read_text()
+        ), f"{page.name} does not quote SENSE's anytime-valid interval {anytime}"
+
+
+@pytest.mark.parametrize("grader", sorted(REPORTS))
+def test_the_results_page_quotes_the_reports(grader: str) -> None:
+    text = " ".join((ROOT / "docs" / "results.md").read_text().split())
+    for method in METHODS:
+        s = summary(grader)
+        interval = points(s["methods"][method]["paired"][REFERENCE]["difference"])
+        pair = f"{correct(s, method, grader)} against {correct(s, REFERENCE, grader)}"
+        assert f"{pair}, {interval}" in text or f"{pair} of {s['problems']} problems, {interval.split(' ', 1)[0]}" in (
+            text
+        ), f"docs/results.md does not quote {method} on {grader}: {pair}, {interval}"
