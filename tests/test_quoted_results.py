@@ -36,15 +36,12 @@ def correct(s: dict, method: str, grader: str) -> int:
 def quotes(grader: str) -> dict[str, list[str]]:
     """What the docs must say about each method on this grader: counts of correct answers and paired intervals."""
     s = summary(grader)
-    n = s["problems"]
-    out = {REFERENCE: [f"{correct(s, REFERENCE, grader)}"]}
+    of_n = f"/{s['problems']}" if grader == "math_verify" else ""  # the row gives n with the text-grade counts
+    reference = f"{correct(s, REFERENCE, grader)}{of_n}"
+    out = {REFERENCE: [f"({reference})" if of_n else reference]}
     for method in METHODS:
         difference = s["methods"][method]["paired"][REFERENCE]["difference"]
-        out[method] = [f"{correct(s, method, grader)}", points(difference)]
-    if grader == "math_verify":
-        out[REFERENCE] = [f"({correct(s, REFERENCE, grader)}/{n})"]
-        for method in METHODS:
-            out[method][0] = f"{correct(s, method, grader)}/{n}"
+        out[method] = [f"{correct(s, method, grader)}{of_n}", points(difference)]
     return out
 
 
@@ -74,16 +71,17 @@ def test_the_anytime_valid_interval_is_quoted() -> None:
     difference = summary("math_verify")["methods"]["sense_id_p70"]["paired"][REFERENCE]["difference"]
     anytime = points(difference, "anytime_low", "anytime_high").split(" ", 1)[1]
     for page in (ROOT / "README.md", ROOT / "docs" / "results.md"):
-        assert f"anytime-valid {anytime}" in page.read_text() or f"anytime-valid interval, {anytime}" in (
-            page.read_text()
-        ), f"{page.name} does not quote SENSE's anytime-valid interval {anytime}"
+        text = page.read_text()
+        assert f"anytime-valid {anytime}" in text or f"anytime-valid interval, {anytime}" in text, (
+            f"{page.name} does not quote SENSE's anytime-valid interval {anytime}"
+        )
 
 
 @pytest.mark.parametrize("grader", sorted(REPORTS))
 def test_the_results_page_quotes_the_reports(grader: str) -> None:
     text = " ".join((ROOT / "docs" / "results.md").read_text().split())
+    s = summary(grader)
     for method in METHODS:
-        s = summary(grader)
         interval = points(s["methods"][method]["paired"][REFERENCE]["difference"])
         pair = f"{correct(s, method, grader)} against {correct(s, REFERENCE, grader)}"
         assert f"{pair}, {interval}" in text or f"{pair} of {s['problems']} problems, {interval.split(' ', 1)[0]}" in (
