@@ -18,7 +18,7 @@ from tqdm import tqdm
 
 from .benchmarks import get_benchmark
 from .grading import program_of
-from .paired import accuracy_difference, by_problem
+from .paired import accuracy_difference, as_points, by_problem
 from .rows import read_rows
 from .summary import mcnemar
 
@@ -127,7 +127,7 @@ def markdown(table: dict) -> str:
         for method, e in table["methods"].items():
             if "paired_with_programs_run" in e:
                 d = e["paired_with_programs_run"]
-                lines.append(f"| {method} | {d['difference']:+.1f} [{d['low']:+.1f}, {d['high']:+.1f}] | {d['won']} |"
+                lines.append(f"| {method} | {as_points(d['difference'], d['low'], d['high'], scale=1)} | {d['won']} |"
                              f" {d['lost']} | {d['p_value']:.3f} |")
     return "\n".join(lines) + "\n"
 

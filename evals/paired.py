@@ -55,6 +55,16 @@ def accuracy_difference(method: dict[int, list[bool]], reference: dict[int, list
             "detectable": detectable_difference(sd, len(pids))}
 
 
+def interval_points(low: float, high: float, scale: float = 100.0) -> str:
+    """An interval as the tables and docs write it, in points with one decimal: '[-0.2, +17.4]'."""
+    return f"[{scale * low:+.1f}, {scale * high:+.1f}]"
+
+
+def as_points(difference: float, low: float, high: float, scale: float = 100.0) -> str:
+    """A difference with its interval, in points: '+6.2 [+0.7, +11.6]' (``scale=1`` for values already in points)."""
+    return f"{scale * difference:+.1f} {interval_points(low, high, scale)}"
+
+
 def confidence_sequence(diffs: list[float], alpha: float = 0.05, cap: float = 0.5) -> tuple[float, float]:
     """An interval for the mean of ``diffs`` (each in [-1, 1], in the order the problems ran) that holds with
     probability 1 - ``alpha`` at every prefix at once, so a run read after each batch may stop whenever its

@@ -9,7 +9,7 @@ from pathlib import Path
 from semverify.methods import Method
 
 from .margins import MARGINS_FILE, compute_margins
-from .paired import holm_adjusted, problems_needed
+from .paired import as_points, holm_adjusted, interval_points, problems_needed
 from .plots import plot
 from .summary import run_cpus, summarise
 
@@ -269,8 +269,8 @@ def _differences(summary: dict) -> list[str]:
     for name, p in tested.items():
         d, v = p["difference"], p["divergence"]
         at = "-" if v["median_first_divergence"] is None else f"{v['median_first_divergence']:.0f}"
-        lines.append(f"| {name} | {100 * d['difference']:+.1f} [{100 * d['low']:+.1f}, {100 * d['high']:+.1f}] | "
-                     f"[{100 * d['anytime_low']:+.1f}, {100 * d['anytime_high']:+.1f}] | {d['discordant']} | "
+        lines.append(f"| {name} | {as_points(d['difference'], d['low'], d['high'])} | "
+                     f"{interval_points(d['anytime_low'], d['anytime_high'])} | {d['discordant']} | "
                      f"{100 * d['detectable']:.1f} | {problems_needed(0.02, d['sd'])} | "
                      f"{v['identical']} of {v['outputs']} | {at} | {v['flips']} | {holm[name]:.3f} |")
     if not lines:

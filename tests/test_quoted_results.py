@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from evals.paired import as_points, interval_points
+
 ROOT = Path(__file__).resolve().parents[1]
 TABLE = ROOT / "results" / "gsm8k-500"
 REPORTS = {"math_verify": TABLE / "vanilla-easd-sense", "program_run": TABLE / "vanilla-easd-sense-program-run"}
@@ -24,13 +26,16 @@ def summary(grader: str) -> dict:
     return json.loads((REPORTS[grader] / "summary.json").read_text())
 
 
-def points(interval: dict, low: str = "low", high: str = "high") -> str:
-    """An interval as the docs write it: '+7.8 [+2.1, +13.5]' (percentage points, one decimal)."""
-    return f"{100 * interval['difference']:+.1f} [{100 * interval[low]:+.1f}, {100 * interval[high]:+.1f}]"
 
 
 def correct(s: dict, method: str, grader: str) -> int:
     return s["methods"][method]["accuracy"][grader]["correct"]
+
+
+def paired(s: dict, method: str) -> str:
+    """The method's paired difference from the reference as the docs write it: '+6.2 [+0.7, +11.6]'."""
+    d = s["methods"][method]["paired"][REFERENCE]["difference"]
+    return as_points(d["difference"], d["low"], d["high"])
 
 
 def quotes(grader: str) -> dict[str, list[str]]:
@@ -40,8 +45,7 @@ def quotes(grader: str) -> dict[str, list[str]]:
     reference = f"{correct(s, REFERENCE, grader)}{of_n}"
     out = {REFERENCE: [f"({reference})" if of_n else reference]}
     for method in METHODS:
-        difference = s["methods"][method]["paired"][REFERENCE]["difference"]
-        out[method] = [f"{correct(s, method, grader)}{of_n}", points(difference)]
+        out[method] = [f"{correct(s, method, grader)}{of_n}", paired(s, method)]
     return out
 
 
@@ -69,7 +73,7 @@ def test_the_readme_row_quotes_the_reports(grader: str) -> None:
 
 def test_the_anytime_valid_interval_is_quoted() -> None:
     difference = summary("math_verify")["methods"]["sense_id_p70"]["paired"][REFERENCE]["difference"]
-    anytime = points(difference, "anytime_low", "anytime_high").split(" ", 1)[1]
+    anytime = interval_points(difference["anytime_low"], difference["anytime_high"])
     for page in (ROOT / "README.md", ROOT / "docs" / "results.md"):
         text = page.read_text()
         assert f"anytime-valid {anytime}" in text or f"anytime-valid interval, {anytime}" in text, (
@@ -82,7 +86,7 @@ def test_the_results_page_quotes_the_reports(grader: str) -> None:
     text = " ".join((ROOT / "docs" / "results.md").read_text().split())
     s = summary(grader)
     for method in METHODS:
-        interval = points(s["methods"][method]["paired"][REFERENCE]["difference"])
+        interval = paired(s, method)
         pair = f"{correct(s, method, grader)} against {correct(s, REFERENCE, grader)}"
         assert f"{pair}, {interval}" in text or f"{pair} of {s['problems']} problems, {interval.split(' ', 1)[0]}" in (
             text

@@ -7,11 +7,13 @@ import pytest
 
 from evals.paired import (
     accuracy_difference,
+    as_points,
     confidence_sequence,
     detectable_difference,
     divergence,
     first_divergence,
     holm_adjusted,
+    interval_points,
     problems_needed,
 )
 
@@ -105,3 +107,9 @@ def test_holm_multiplies_the_smallest_p_by_the_family_size_and_keeps_the_order()
     assert math.isclose(adjusted["c"], 0.04) and math.isclose(adjusted["a"], 0.051)
     assert math.isclose(adjusted["d"], 1.0) and adjusted["b"] == 1.0
     assert holm_adjusted({"only": 0.03}) == {"only": 0.03}
+
+
+def test_intervals_are_written_in_signed_points_with_one_decimal():
+    assert as_points(0.062, 0.007, 0.1161) == "+6.2 [+0.7, +11.6]"
+    assert as_points(-3.1, -8.3, 2.0, scale=1) == "-3.1 [-8.3, +2.0]"
+    assert interval_points(-0.002, 0.174) == "[-0.2, +17.4]"
