@@ -26,8 +26,6 @@ def summary(grader: str) -> dict:
     return json.loads((REPORTS[grader] / "summary.json").read_text())
 
 
-
-
 def correct(s: dict, method: str, grader: str) -> int:
     return s["methods"][method]["accuracy"][grader]["correct"]
 
