@@ -44,7 +44,8 @@ def decode(model, prompts: list[list[int]], seeds: list[int], scheme: str, thres
     cache = DynamicCache()
     out = model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache, logits_to_keep=1)
     rows = list(range(len(prompts)))
-    noises = [CoupledNoise(seed, context=None if scheme == "position" else args.context) for seed in seeds]
+    noises = [CoupledNoise(seed, context=None if scheme == "position" else args.context, noise="legacy")
+              for seed in seeds]  # the noise results/coupling-resync was measured with
     outputs, entropies, events = [[] for _ in prompts], [[] for _ in prompts], [0] * len(prompts)
     for step in tqdm(range(args.max_new_tokens), desc=f"{scheme}{'' if threshold is None else '+perturbed'}",
                      leave=False):

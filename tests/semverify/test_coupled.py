@@ -18,7 +18,7 @@ from semverify import (
     generate,
     get_rule,
 )
-from semverify.coupling import CoupledNoise, mix
+from semverify.coupling import CoupledNoise, counter_gumbel, mix
 from semverify.loop import speculative_generate
 from semverify.rules import at_position, prefix_mask, target_choices
 from semverify.types import Verdict
@@ -211,3 +211,38 @@ def test_a_lossy_rule_differs_from_coupled_vanilla_only_after_it_decides_otherwi
     assert stats.reasons.get("penalty", 0) > 0
     differs = (out[0] != expected[0]).nonzero()
     assert len(differs), "the penalty changed no token"
+
+
+def test_legacy_noise_is_the_committed_runs_noise_and_counter_noise_is_keyed_the_same_way():
+    """``noise="legacy"`` draws exactly what the committed coupled runs drew (a CPU generator seeded by the key,
+    float64 uniforms); ``"counter"`` expands the same key on the device by hashing, the same for any batch."""
+    legacy = CoupledNoise(7, noise="legacy").at(3)
+    g = torch.Generator().manual_seed(mix(7, 0, 0, 5, 50))  # (seed, sample, stream, absolute position, vocab)
+    u = torch.rand(50, generator=g, dtype=torch.float64).clamp_(1e-300, 1.0 - 1e-16)
+    assert torch.equal(legacy.gumbel(2, 50), (-torch.log(-torch.log(u))).float())
+    counter = CoupledNoise(7).at(3)
+    assert torch.equal(counter.gumbel(2, 50), counter_gumbel([mix(7, 0, 0, 5, 50)], 50)[0])
+    together = counter.noise_at([0, 1, 2], 50)
+    assert torch.equal(together[2], counter.gumbel(2, 50)) and not torch.equal(together[0], together[1])
+    assert not torch.equal(counter.gumbel(2, 50), legacy.gumbel(2, 50))
+    with pytest.raises(ValueError, match="noise must be one of"):
+        CoupledNoise(1, noise="philox")
+
+
+def test_counter_noise_is_gumbel_distributed_bounded_and_uncorrelated_across_keys():
+    from scipy.stats import kstest
+
+    noise = counter_gumbel(list(range(64)), 4096)
+    assert bool(torch.isfinite(noise).all()) and float(noise.min()) > -3.0 and float(noise.max()) < 17.5
+    assert kstest(noise.flatten()[:200_000].double().numpy(), "gumbel_r").pvalue > 1e-3
+    assert abs(float(torch.corrcoef(noise[:2])[0, 1])) < 0.05  # neighbouring keys
+    assert abs(float(torch.corrcoef(torch.stack([noise[0, :-1], noise[0, 1:]]))[0, 1])) < 0.05  # neighbouring tokens
+
+
+@pytest.mark.parametrize("noise", ["counter", "legacy"])
+def test_both_noises_draw_the_softmax(noise):
+    logits = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0, float("-inf")])
+    counts = torch.zeros(6)
+    for seed in range(4000):
+        counts[CoupledNoise(seed, noise=noise).choose(logits[None], [0])] += 1
+    assert pvalue(counts, logits.softmax(-1) * 4000) > 1e-3
