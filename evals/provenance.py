@@ -1,7 +1,7 @@
 """What a run's rows depend on, kept in its ``run.json``: the settings, the methods' definitions, the content
-hashes of the files the rows were computed from (data, datastores, probes, calibrations) and the environment
-of every start and resume. A resume with other settings, another definition of a method or a changed file
-is refused, on every shard.
+hashes of the files the rows were computed from (data, datastores, probes, calibrations, the plugins that
+registered rules or methods) and the environment of every start and resume. A resume with other settings,
+another definition of a method or a changed file is refused, on every shard.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from semverify.methods import Method
+from semverify.plugins import Plugin
 from semverify.registry import RunContext
 from semverify.rules import BaseRule
 
@@ -43,6 +44,7 @@ class RunSettings:
     batch_size: int | None = None  # problems decoded together per method (None: one at a time)
     coupled: bool | None = None  # sampled runs: coupled Gumbel noise per (problem, position) (None: torch streams)
     coupled_context: int | None = None  # coupled noise keyed by the last n tokens instead of position (None: position)
+    coupled_noise: str | None = None  # how coupled keys become noise: "counter" (new runs), None: "legacy" (older runs)
     samples: int | None = None  # sampled runs: outputs per problem and method (None: one)
 
     def context(self, tokenizer=None) -> RunContext:
@@ -66,14 +68,17 @@ def file_sha256(path: str | Path) -> str:
     return _HASHES[key]
 
 
-def pins(data: Path | None, methods: list[Method], rules: dict[str, BaseRule], datastore: str | None) -> dict:
-    """Content hashes of what the rows depend on: the ``data`` file, and per method its datastore (its own
-    or the run's ``datastore``) and the files its rule was built from (probes, calibrations)."""
+def pins(data: Path | None, methods: list[Method], rules: dict[str, BaseRule], datastore: str | None,
+         plugins: list[Plugin] | None = None) -> dict:
+    """Content hashes of what the rows depend on: the ``data`` file, per method its datastore (its own
+    or the run's ``datastore``) and the files its rule was built from (probes, calibrations), and the
+    ``plugins`` loaded (`semverify.plugins`: name, module, source file and its sha256), if any."""
     per_method = {}
     for m in methods:
         files = [*rules[m.name].artifacts, m.datastore(datastore)]
         per_method[m.name] = {str(f): file_sha256(f) for f in files if f is not None}
-    return {"data": {str(data): file_sha256(data)} if data is not None else {}, "methods": per_method}
+    pinned = {"data": {str(data): file_sha256(data)} if data is not None else {}, "methods": per_method}
+    return {**pinned, "plugins": [p.to_dict() for p in plugins]} if plugins else pinned
 
 
 def recorded(out: Path, name: str) -> dict | None:
@@ -119,6 +124,9 @@ def prepare_run(out: Path, settings: RunSettings, methods: list[Method], pinned:
     before = old.get("pins", {"data": {}, "methods": {}})
     checked = [("the data", before["data"], pinned["data"])] + [
         (f"method {name!r}", before["methods"].get(name, {}), pinned["methods"].get(name, {})) for name in pending]
+    if pending:  # a plugin's source (a rule's code) changed: refused like a method's file
+        checked += [(f"plugin {p['name']!r}", _plugin_files(before), _plugin_files(pinned, p["module"]))
+                    for p in pinned.get("plugins", [])]
     moved = [{"file": file, "for": who, "then": then[file], "now": digest}
              for who, then, now in checked for file, digest in now.items() if then.get(file, digest) != digest]
     for change in moved:
@@ -138,6 +146,9 @@ def prepare_run(out: Path, settings: RunSettings, methods: list[Method], pinned:
               f"with code {code}", file=sys.stderr)
     old["pins"] = {"data": {**before["data"], **pinned["data"]},
                    "methods": {**before["methods"], **pinned["methods"]}}
+    plugins = {p["module"]: p for p in [*before.get("plugins", []), *pinned.get("plugins", [])]}
+    if plugins:
+        old["pins"]["plugins"] = list(plugins.values())
     old.update({name: value for name, value in (records or {}).items() if name not in old})
     if grown:
         old["settings"]["samples"] = more_samples
@@ -151,6 +162,12 @@ def prepare_run(out: Path, settings: RunSettings, methods: list[Method], pinned:
     else:
         old.setdefault("resumed", []).append(environment(**asdict(settings)))
     _write_json(path, old)
+
+
+def _plugin_files(pinned: dict, module: str | None = None) -> dict:
+    """{source file: sha256} of the pinned plugins (``module``: of that one only)."""
+    return {p["file"]: p["sha256"] for p in pinned.get("plugins", [])
+            if p.get("sha256") and module in (None, p["module"])}
 
 
 def _write_json(path: Path, data: dict) -> None:

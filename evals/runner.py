@@ -26,6 +26,7 @@ from semverify.coupling import CoupledNoise, mix
 from semverify.machine import machine
 from semverify.methods import Method, load_method_rules
 from semverify.models import ModelLoadError, choose_dtype, load_tokenizer
+from semverify.plugins import load_plugins, loaded_plugins
 from semverify.registry import DraftResources, drafter_kind, make_drafter
 from semverify.rules import BaseRule
 from semverify.sense import Datastore
@@ -54,7 +55,8 @@ class CheckedRun:
     def build(cls, settings: RunSettings, methods: str | None, configs: list[str] | None = None,
               only: str | None = None, device: str = "cpu") -> "CheckedRun":
         """The run of ``settings`` with the methods of ``methods`` and ``configs`` (``only``: just those named),
-        on ``device``, every input error raised here."""
+        on ``device``, every input error raised here (after loading the plugins: `semverify.load_plugins`)."""
+        load_plugins()  # the installed packages' semverify.plugins entry points and $SEMVERIFY_PLUGINS
         bench = get_benchmark(settings.benchmark)
         bench.check_template(settings.template)
         problems = bench.load(settings.data, settings.limit, offset=settings.offset or 0)
@@ -117,7 +119,8 @@ def compare(run: CheckedRun, out: str | Path, repin: bool = False, records: dict
         done = {row_key(r) for r in read_rows(out)}
         todo = [(Work(p, sample), m) for p in run.problems[rank::world] for sample in range(settings.samples or 1)
                 for m in (run.methods if p.id % 2 == 0 else run.methods[::-1]) if (p.id, m.name, sample) not in done]
-        pinned = pins(run.benchmark.source_file(settings.data), run.methods, run.rules, settings.datastore)
+        pinned = pins(run.benchmark.source_file(settings.data), run.methods, run.rules, settings.datastore,
+                      loaded_plugins())
         dtypes = None if rank else model_dtypes(run, out)  # rank 0 chooses; the others read its choice
         prepare_run(out, settings, run.methods, pinned, {m.name for _, m in todo}, rank, repin,
                     None if rank else {"dtypes": dtypes, **(records or {})})
@@ -219,7 +222,8 @@ def run_batch(work: list[Work], method: Method, rule, settings: RunSettings, tar
     ids, mask = (t.to(target.device) for t in left_pad([tokenizer(t).input_ids for t in texts], pad))
     width = ids.shape[1]
     seeds = [problem_seed(settings, w) for w in work]  # the same draws for every method on a problem
-    streams = [CoupledNoise(seed, context=settings.coupled_context) if settings.coupled
+    streams = [CoupledNoise(seed, context=settings.coupled_context, noise=settings.coupled_noise or "legacy")
+               if settings.coupled
                else torch.Generator(target.device).manual_seed(seed)
                for seed in seeds]
     kwargs = dict(max_new_tokens=settings.max_new_tokens, do_sample=settings.do_sample,

@@ -13,6 +13,7 @@ import torch
 
 from .commands import GROUP, USER_ERRORS, Command, CommandFailed, key_value, positive_int
 from .models import DEFAULT_TARGET, OFFLINE_MODELS
+from .plugins import add_plugin_option, load_plugins
 from .registry import available_rules
 
 
@@ -22,7 +23,8 @@ def _configure_generate(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft", default=None, help="draft model (alias, hub id, folder or .gguf)")
     p.add_argument("--prompt-lookup", type=positive_int, default=None, metavar="K",
                    help="draft K tokens by prompt lookup instead of a draft model")
-    p.add_argument("--rule", default="speculative", choices=available_rules(), help="acceptance rule")
+    p.add_argument("--rule", default="speculative",  # not choices: a --plugin may register more rules
+                   help=f"acceptance rule: {', '.join(available_rules())}, or one a --plugin registers")
     p.add_argument("--rule-param", type=key_value, action="append", default=[], metavar="KEY=VALUE",
                    help="rule constructor argument, e.g. posterior_threshold=0.09 or percentile=80 (repeatable)")
     p.add_argument("-k", "--num-draft-tokens", type=positive_int, default=None,
@@ -38,6 +40,7 @@ def _configure_generate(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="cpu", help="where the models run: cpu (default), cuda, cuda:N or mps")
     p.add_argument("--raw", action="store_true", help="feed the prompt as is, without the chat template")
     p.add_argument("--json", action="store_true", help="print the statistics as JSON")
+    add_plugin_option(p)
 
 
 def _generate(args: argparse.Namespace) -> int:
@@ -47,6 +50,7 @@ def _generate(args: argparse.Namespace) -> int:
 
     if args.draft and args.prompt_lookup:
         raise ValueError("use --draft or --prompt-lookup, not both")
+    load_plugins(args.plugin, "--plugin")
     tokenizer = load_tokenizer(args.target)
     context = RunContext.for_decoding(args.draft, args.target, args.do_sample, args.temperature, tokenizer)
     rule = get_rule(args.rule, context, **dict(args.rule_param))  # a bad rule fails before the models load
@@ -75,6 +79,7 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def _rules(args: argparse.Namespace) -> int:
+    load_plugins(args.plugin, "--plugin")
     print("\n".join(available_rules()))
     return 0
 
@@ -87,7 +92,7 @@ def _models(args: argparse.Namespace) -> int:
 
 LIBRARY_COMMANDS = (
     Command("generate", "speculative decoding of one prompt", _configure_generate, _generate),
-    Command("rules", "list the registered acceptance rules", lambda p: None, _rules),
+    Command("rules", "list the registered acceptance rules (with those of plugins)", add_plugin_option, _rules),
     Command("models", "list the offline model aliases", lambda p: None, _models),
 )
 

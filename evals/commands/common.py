@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from semverify.commands import non_negative_int, positive_int
+from semverify.coupling import NOISE_KINDS
 from semverify.models import DEFAULT_DRAFT, DEFAULT_TARGET
+from semverify.plugins import add_plugin_option, load_plugins, loaded_plugins
 
 if TYPE_CHECKING:
     from evals.runner import CheckedRun
@@ -83,6 +86,10 @@ def add_run_args(p: argparse.ArgumentParser, limit: int, dtype: str | None = "bf
                    help="with --coupled: key the noise by the last N tokens (and how often they occurred before) "
                         "instead of the position, so a lossy rule's output can join the reference's text again "
                         "after it changed a token (see docs/harness.md)")
+    p.add_argument("--coupled-noise", choices=NOISE_KINDS, default=None,
+                   help="with --coupled: how each key becomes noise: 'counter' (hashed on the device, batched; new "
+                        "runs) or 'legacy' (the CPU generator the runs before 2026-12-07 used, as "
+                        "results/gsm8k-500); a resumed run keeps what it started with")
     p.add_argument("--datastore", default=None,
                    help="datastore file for the retrieval methods (rest, dresd, sense, ...); see `semverify "
                         "datastore`. A method may name its own: sense:drafter.datastore=FILE")
@@ -92,7 +99,9 @@ def add_run_args(p: argparse.ArgumentParser, limit: int, dtype: str | None = "bf
     p.add_argument("--out", required=True, help="run folder; rerun the same command to resume")
     p.add_argument("--repin", action="store_true",
                    help="resume although a method's datastore, calibration or probe file changed since the run "
-                        "started (e.g. a store rebuilt on another machine); run.json records both hashes")
+                        "started (e.g. a store rebuilt on another machine), or a --plugin's source changed; "
+                        "run.json records both hashes")
+    add_plugin_option(p)
 
 
 def checked_run(args: argparse.Namespace, methods: str | None, configs: list[str] | None,
@@ -101,12 +110,13 @@ def checked_run(args: argparse.Namespace, methods: str | None, configs: list[str
     from evals.provenance import RunSettings
     from evals.runner import CheckedRun
 
+    load_plugins(args.plugin, "--plugin")
     settings = RunSettings(
         target=args.target, draft=args.draft, dtype=args.dtype, benchmark=args.benchmark, data=args.data,
         template=args.template, limit=args.limit, max_new_tokens=args.max_new_tokens, do_sample=args.do_sample,
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed, datastore=args.datastore,
         offset=args.offset, batch_size=args.batch_size, coupled=args.coupled, coupled_context=args.coupled_context,
-        samples=args.samples if args.samples != 1 else None,
+        coupled_noise=coupled_noise(args), samples=args.samples if args.samples != 1 else None,
     )
     if args.coupled_context and not args.coupled:
         raise ValueError("--coupled-context N keys coupled noise by context; add --coupled")
@@ -114,4 +124,41 @@ def checked_run(args: argparse.Namespace, methods: str | None, configs: list[str
         raise ValueError("--samples draws several outputs per problem; add --do-sample (greedy outputs repeat)")
     if args.coupled and not args.do_sample:
         raise ValueError("--coupled couples sampled runs; add --do-sample (greedy runs are paired already)")
-    return CheckedRun.build(settings, methods, configs, only, device=args.device)
+    try:
+        return CheckedRun.build(settings, methods, configs, only, device=args.device)
+    except ValueError as err:
+        hint = plugin_hint(args.out)
+        raise ValueError(f"{err}; {hint}" if hint else str(err)) from err
+
+
+def coupled_noise(args: argparse.Namespace) -> str | None:
+    """The run's coupled noise: as asked, else what the run in ``--out`` started with (a run from before the
+    choice existed: None, the legacy noise), else counter noise for a new coupled run."""
+    from evals.provenance import recorded
+
+    if not args.coupled:
+        if args.coupled_noise:
+            raise ValueError("--coupled-noise chooses the noise of a coupled run; add --coupled")
+        return None
+    if args.coupled_noise:
+        return args.coupled_noise
+    started = recorded(Path(args.out), "settings")
+    return started.get("coupled_noise") if started is not None else "counter"
+
+
+def plugin_hint(run_dir: str) -> str:
+    """What to do when the run in ``run_dir`` was started with plugins this process has not loaded (their
+    methods, rules and drafters are unknown here); empty otherwise."""
+    from evals.provenance import recorded
+
+    try:
+        pinned = recorded(Path(run_dir), "pins") or {}
+    except (OSError, ValueError):
+        return ""
+    loaded = {p.module for p in loaded_plugins()}
+    missing = [p for p in pinned.get("plugins", []) if p["module"] not in loaded]
+    if not missing:
+        return ""
+    how = ", ".join(f"install {p['package']}" if p.get("package") else
+                    f"pass --plugin {p['file'] if p['name'].endswith('.py') else p['name']}" for p in missing)
+    return f"the run in {run_dir} was started with plugins that are not loaded now: {how}"

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from evals.grading import CODE_GRADERS, GRADERS, MATH_GRADERS
 from evals.report import parse_spans, report
 from evals.rerun import against, against_markdown
 from semverify.commands import Command
+from semverify.plugins import add_plugin_option, load_plugins
 
-from .common import names
+from .common import names, plugin_hint
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -37,9 +39,14 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--against", default=None, metavar="OTHER_RUN",
                    help="instead: each method both runs hold, side by side on the problems both finished (a rerun "
                         "with another batch size, dtype or machine); written to RUN_DIR/against-<other>.md")
+    add_plugin_option(p)  # the rules of a run's plugin methods (is each lossless?), their drafters
 
 
 def run(args: argparse.Namespace) -> int:
+    load_plugins(args.plugin, "--plugin")
+    hint = plugin_hint(args.run_dir)
+    if hint:  # their methods' drafters are unknown here, and whether their rules are lossless
+        print(f"semverify report: {hint}", file=sys.stderr)
     if args.against:
         text = against_markdown(against(args.run_dir, args.against, args.grader))
         (Path(args.run_dir) / f"against-{Path(args.against).resolve().name}.md").write_text(text)
