@@ -1,6 +1,6 @@
 """semverify: one speculative decoding loop with pluggable drafters and acceptance rules."""
 
-from . import easd, semanticspec, sense  # noqa: E402,F401  (importing registers their rules, drafters and methods)
+from . import easd, relaxed, semanticspec, sense  # noqa: E402,F401  (importing registers their rules, drafters and methods)
 from .coupling import CoupledNoise
 from .drafters import (
     BaseDrafter,
@@ -15,6 +15,7 @@ from .generation import SpecGenerateOutput, generate
 from .loop import speculative_generate
 from .methods import Method, available_methods, register_method
 from .models import DEFAULT_DRAFT, DEFAULT_TARGET, OFFLINE_MODELS, load_model
+from .plugins import load_plugins
 from .registry import (
     DrafterKind,
     DraftResources,
@@ -41,6 +42,6 @@ __all__ = [
     "OFFLINE_MODELS", "PromptLookupDrafter",
     "RunContext", "Sampler", "SpecGenerateOutput", "SpecStats", "SpeculativeSampling", "StepDraft", "StepOutcome",
     "StepTokensDraft", "TypicalAcceptance", "Verdict", "VerifyInput", "available_drafters", "available_methods",
-    "available_rules", "generate", "get_rule", "load_model", "make_drafter", "register_drafter", "register_method",
-    "register_rule", "speculative_generate",
+    "available_rules", "generate", "get_rule", "load_model", "load_plugins", "make_drafter", "register_drafter",
+    "register_method", "register_rule", "speculative_generate",
 ]

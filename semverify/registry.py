@@ -21,6 +21,7 @@ from .drafters import (
     NoDrafter,
     PromptLookupDrafter,
 )
+from .phases import PHASE_PARAMS, limit_to_phase
 from .planner import planner_for
 from .rules import BaseRule, GreedyMatch, SpeculativeSampling, TypicalAcceptance
 
@@ -91,7 +92,14 @@ def available_rules() -> list[str]:
 
 
 def get_rule(rule: str | BaseRule, context: RunContext | None = None, **params) -> BaseRule:
-    """A rule object from a registered name (with constructor params), or a rule object passed through."""
+    """A rule object from a registered name (with constructor params), or a rule object passed through; the
+    ``phase_*`` parameters limit either to a span of the output (`semverify.phases`)."""
+    phase = {key: params.pop(key) for key in PHASE_PARAMS if key in params}
+    built = _build_rule(rule, context, params)
+    return limit_to_phase(built, context, **phase) if phase else built
+
+
+def _build_rule(rule: str | BaseRule, context: RunContext | None, params: dict) -> BaseRule:
     if not isinstance(rule, str):
         if params:
             raise ValueError("rule parameters are only accepted with a rule name, not a rule object")

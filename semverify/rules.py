@@ -34,6 +34,7 @@ class BaseRule:
     needs_extend: bool = False
     preferred_drafter: str = "model"
     min_k: int = 1
+    history_tokens: int = 0  # output tokens per row the rule reads from VerifyInput.history (the loop fills them)
     _sources: tuple[str, ...] = ()
 
     def __call__(self, x: VerifyInput) -> Verdict:

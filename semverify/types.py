@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Callable
+from typing import Callable, Protocol
 
 import torch
 
@@ -111,6 +111,8 @@ class VerifyInput:
     target_hidden: torch.FloatTensor | None = None  # [B, k+1, H], last layer
     generator: torch.Generator | None = None
     extend: Callable[[torch.LongTensor], torch.FloatTensor] | None = None
+    history: torch.LongTensor | None = None  # [B, L] each row's latest output tokens, right-aligned, -1 before
+    output_lengths: torch.LongTensor | None = None  # [B] output tokens each row has so far
 
     @cached_property
     def target_probs(self) -> torch.FloatTensor:
@@ -141,6 +143,14 @@ class Verdict:
 
 
 @dataclass(frozen=True)
+class Judge(Protocol):
+    """What verification calls a rule as (`semverify.rules.BaseRule` is one): a chain's verdict, a tree's path."""
+
+    def __call__(self, x: VerifyInput) -> Verdict: ...
+
+    def verify_tree(self, x: VerifyInput) -> tuple[list[int], Verdict]: ...
+
+
 class StepOutcome:
     """What one loop step did, handed to ``Drafter.feedback`` (adaptive draft lengths learn from it)."""
 

