@@ -12,10 +12,13 @@ from typing import Callable
 import torch
 
 
-def device_clock(device: torch.device | str) -> Callable[[], float]:
-    """A clock for work on ``device``: `time.perf_counter` read after the device's queue has drained
-    (on the CPU, where work is synchronous, `time.perf_counter` itself)."""
+def device_clock(device: torch.device | str, wait: bool = True) -> Callable[[], float]:
+    """A clock for work on ``device``: `time.perf_counter` read after the device's queue has drained (on the
+    CPU, where work is synchronous, or with ``wait=False``, where a reading must not stall the queue,
+    `time.perf_counter` itself)."""
     device = torch.device(device)
+    if not wait:
+        return time.perf_counter
     if device.type == "cuda":
         def drain() -> None:
             torch.cuda.synchronize(device)

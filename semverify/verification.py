@@ -8,50 +8,61 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
-from typing import TYPE_CHECKING
 
 import torch
 
+from .coupling import CoupledRows, is_coupled
 from .sampling import sample_from, uniform
 from .tree import leaf_paths
-from .types import Draft, Verdict, VerifyInput
-
-if TYPE_CHECKING:
-    from .rules import BaseRule
+from .types import Draft, Judge, Verdict, VerifyInput
 
 
-def verify_rows(rule: BaseRule, x: VerifyInput) -> tuple[list[list[int]], Verdict]:
-    """Each row's judged path and one verdict for the batch. One row: its draft as it is. Several rows:
-    each row's own draft on its own (`Draft.row`: a chain, a tree through the rule's `verify_tree`, a
-    whole step), so that a row's verdict, and the random draws it takes from its own stream, are what
-    they would be alone."""
-    batch = x.draft.tokens.shape[0]
-    if batch == 1 and x.draft.lengths is None:
+def verify_rows(rule: Judge, x: VerifyInput) -> tuple[list[list[int]], Verdict]:
+    """Each row's judged path and one verdict for the batch, every row judged as it would be alone.
+
+    Chain drafts whose draws are keyed by position (greedy, or coupled noise) go to the rule once per group of
+    rows with the same draft length (a padded position is never judged); rows whose draws consume a random
+    stream, and tree or step drafts (`Draft.rows`), go one row at a time, each on its own draft."""
+    batch, draft = x.draft.tokens.shape[0], x.draft
+    if batch == 1 and draft.lengths is None:
         path, verdict = verify_one(rule, x)
         return [path], verdict
-    k, device = x.k, x.target_logits.device
-    n, token = torch.zeros(batch, dtype=torch.long, device=device), torch.zeros(batch, dtype=torch.long, device=device)
-    reasons: dict[str, torch.Tensor] = {}
-    scores: dict[str, torch.Tensor] = {}
-    target_tokens = None
-    paths = []
+    generators = list(x.generator) if isinstance(x.generator, (list, tuple)) else [x.generator] * batch
+    if draft.rows is None and not draft.is_tree and (not x.do_sample or all(map(is_coupled, generators))):
+        lengths = [draft.length] * batch if draft.lengths is None else draft.lengths.tolist()
+        groups = [[i for i in range(batch) if lengths[i] == n] for n in sorted(set(lengths))]
+        parts = [(rows, rule(_rows_input(x, rows, lengths[rows[0]], generators))) for rows in groups]
+        return [list(range(lengths[i])) for i in range(batch)], _merge(parts, batch, x.k, x.target_logits.device)
+    paths, parts = [], []
     for row in range(batch):
         path, part = verify_one(rule, _row_input(x, row))
         paths.append(path)
-        n[row], token[row] = part.n_accepted[0], part.next_token[0]
+        parts.append(([row], part))
+    return paths, _merge(parts, batch, x.k, x.target_logits.device)
+
+
+def _merge(parts: list[tuple[list[int], Verdict]], batch: int, k: int, device: torch.device) -> Verdict:
+    """One batch verdict from the verdicts of groups of rows (each group's masks as wide as its drafts)."""
+    n = torch.zeros(batch, dtype=torch.long, device=device)
+    token = torch.zeros(batch, dtype=torch.long, device=device)
+    reasons: dict[str, torch.Tensor] = {}
+    scores: dict[str, torch.Tensor] = {}
+    target_tokens = None
+    for rows, part in parts:
+        index = torch.tensor(rows, dtype=torch.long, device=device)
+        n[index], token[index] = part.n_accepted, part.next_token
         for name, mask in part.reasons.items():
-            row_mask = reasons.setdefault(name, torch.zeros(batch, k, dtype=torch.bool, device=device))[row]
-            row_mask[: mask.shape[1]] = mask[0]
+            full = reasons.setdefault(name, torch.zeros(batch, k, dtype=torch.bool, device=device))
+            full[index, : mask.shape[1]] = mask
         for name, value in part.scores.items():
-            scores.setdefault(name, torch.full((batch,), float("nan"), device=device))[row] = float(value[0])
+            scores.setdefault(name, torch.full((batch,), float("nan"), device=device))[index] = value.float()
         if part.target_tokens is not None:
             if target_tokens is None:
                 target_tokens = torch.full((batch, k), -1, dtype=torch.long, device=device)
-            target_tokens[row, : part.target_tokens.shape[1]] = part.target_tokens[0]
-    return paths, Verdict(n, token, reasons, scores, target_tokens)
+            target_tokens[index, : part.target_tokens.shape[1]] = part.target_tokens
+    return Verdict(n, token, reasons, scores, target_tokens)
 
-
-def verify_one(rule: BaseRule, x: VerifyInput) -> tuple[list[int], Verdict]:
+def verify_one(rule: Judge, x: VerifyInput) -> tuple[list[int], Verdict]:
     """One row's judged path (node indices) and verdict: a tree through the rule's `verify_tree`."""
     if x.draft.is_tree:
         return rule.verify_tree(x)
@@ -65,7 +76,26 @@ def _row_input(x: VerifyInput, row: int) -> VerifyInput:
     length, r = draft.length, slice(row, row + 1)
     hidden = None if x.target_hidden is None else x.target_hidden[r, : length + 1]
     generator = x.generator[row] if isinstance(x.generator, (list, tuple)) else x.generator
-    return VerifyInput(draft, x.target_logits[r, : length + 1], x.do_sample, hidden, generator)
+    return VerifyInput(draft, x.target_logits[r, : length + 1], x.do_sample, hidden, generator, **_tails(x, r))
+
+
+def _rows_input(x: VerifyInput, rows: list[int], length: int, generators: list) -> VerifyInput:
+    """The rule's input for the chain-draft rows ``rows``, which all drafted ``length`` tokens; their draws go to
+    their own streams (`CoupledRows` under coupled noise)."""
+    index = torch.tensor(rows, dtype=torch.long, device=x.draft.tokens.device)
+    probs = x.draft.probs
+    draft = Draft(x.draft.tokens[index, :length], None if probs is None else probs[index, :length])
+    hidden = None if x.target_hidden is None else x.target_hidden[index, : length + 1]
+    own = [generators[i] for i in rows]
+    generator = own[0] if len(own) == 1 else CoupledRows(own) if all(map(is_coupled, own)) else own
+    return VerifyInput(draft, x.target_logits[index, : length + 1], x.do_sample, hidden, generator,
+                       **_tails(x, index))
+
+
+def _tails(x: VerifyInput, rows: slice | torch.Tensor) -> dict:
+    """The rows' output tails (`VerifyInput.history`, ``output_lengths``), where the loop gave them."""
+    return {name: None if value is None else value[rows]
+            for name, value in (("history", x.history), ("output_lengths", x.output_lengths))}
 
 
 @dataclass
@@ -81,7 +111,7 @@ class PathInput(VerifyInput):
         return self.parent.target_probs[:, self.rows]
 
 
-def verify_paths(rule: BaseRule, x: VerifyInput) -> tuple[list[int], Verdict]:
+def verify_paths(rule: Judge, x: VerifyInput) -> tuple[list[int], Verdict]:
     """Run ``rule`` on every root-to-leaf path of the draft in ``x`` and keep the longest acceptance.
 
     Exact for greedy decoding and coupled noise, where a path's verdict does not depend on the others.
@@ -97,8 +127,8 @@ def verify_paths(rule: BaseRule, x: VerifyInput) -> tuple[list[int], Verdict]:
         rows = [0] + [i + 1 for i in path]
         chain = Draft(tokens=draft.tokens[:, path], probs=None if draft.probs is None else draft.probs[:, path])
         hidden = None if x.target_hidden is None else x.target_hidden[:, rows]
-        verdict = rule(PathInput(chain, x.target_logits[:, rows], x.do_sample, hidden, x.generator, parent=x,
-                                 rows=rows))
+        verdict = rule(PathInput(chain, x.target_logits[:, rows], x.do_sample, hidden, x.generator,
+                                 history=x.history, output_lengths=x.output_lengths, parent=x, rows=rows))
         if best is None or int(verdict.n_accepted[0]) > int(best[1].n_accepted[0]):
             best = (path, verdict)
     assert best is not None, "a tree draft has at least one leaf"
