@@ -5,6 +5,9 @@
 #   2. with the default pair (or TARGET/DRAFT: local folders or hub ids in the cache), float32 greedy exactness
 #      of sd, pld and sd_tree against vanilla on 5 GSM8K problems;
 #   3. the speed table at batch 1 (bf16) and total tokens/s at batch sizes 1..32 (vanilla against sd).
+# Between 1 and 2, always (random weights, nothing to load): `semverify loop-cost`, the loop's bookkeeping per step
+# against transformers' plain decoding step, a perfect drafter's speedup and the host syncs per step, on the tiny
+# random pair (Qwen vocabulary) and, where CONFIGS is set, on the pair's shapes with random weights.
 # Where the pair's weights do not load but its configurations are in CONFIGS (folders target/ and draft/ with
 # config.json), steps 2-3 are replaced by scripts/gpu_shapes.py: forward-cost curves, the planner's draft length
 # and the target alone's batch throughput on random weights of the same shapes (costs only, no acceptance).
@@ -35,6 +38,14 @@ semverify=("$py" -m semverify.cli)
 
 step "1. device tests"
 "$py" -m pytest -q -p no:cacheprovider tests/semverify/test_device.py 2>&1 | tee "$out/device-tests.log" || status=1
+
+step "1b. loop cost per step against transformers' plain step (random weights, float32)"
+"${semverify[@]}" loop-cost --model tiny --device cuda --new-tokens 40 --repeats 3 --out "$out/loop-cost-tiny" \
+  || status=1
+if [ -n "${CONFIGS:-}" ]; then
+  "${semverify[@]}" loop-cost --model "$CONFIGS/target" --draft "$CONFIGS/draft" --random-weights --device cuda \
+    --new-tokens 40 --repeats 3 --out "$out/loop-cost-pair-shapes" || status=1
+fi
 
 step "2. float32 greedy exactness on the pair ($target, $draft)"
 if ! "$py" -c "from semverify.models import load_tokenizer; load_tokenizer('$target'); load_tokenizer('$draft')"; then

@@ -390,5 +390,5 @@ def test_the_gpu_check_script_runs_real_commands_and_flags() -> None:
     text = before + rest.partition("\nEOF\n")[2]  # without the embedded Python
     block = Block(ROOT / "scripts" / "gpu-check.sh", 1, "bash", text)
     commands = [c for line in logical_lines(block) for c in simple_commands(line)]
-    assert {c[1] for c in commands if c[0] == "semverify"} == {"compare", "speed", "throughput"}
+    assert {c[1] for c in commands if c[0] == "semverify"} == {"compare", "speed", "throughput", "loop-cost"}
     assert shell_problems(block) == []
