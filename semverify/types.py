@@ -142,7 +142,6 @@ class Verdict:
     target_tokens: torch.LongTensor | None = None
 
 
-@dataclass(frozen=True)
 class Judge(Protocol):
     """What verification calls a rule as (`semverify.rules.BaseRule` is one): a chain's verdict, a tree's path."""
 
@@ -151,6 +150,7 @@ class Judge(Protocol):
     def verify_tree(self, x: VerifyInput) -> tuple[list[int], Verdict]: ...
 
 
+@dataclass(frozen=True)
 class StepOutcome:
     """What one loop step did, handed to ``Drafter.feedback`` (adaptive draft lengths learn from it)."""
 
