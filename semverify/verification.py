@@ -82,7 +82,9 @@ def _row_input(x: VerifyInput, row: int) -> VerifyInput:
 def _rows_input(x: VerifyInput, rows: list[int], length: int, generators: list) -> VerifyInput:
     """The rule's input for the chain-draft rows ``rows``, which all drafted ``length`` tokens; their draws go to
     their own streams (`CoupledRows` under coupled noise)."""
-    index = torch.tensor(rows, dtype=torch.long, device=x.draft.tokens.device)
+    batch = x.draft.tokens.shape[0]
+    index = (slice(None) if rows == list(range(batch))  # every row: views, no copy of the logits
+             else torch.tensor(rows, dtype=torch.long, device=x.draft.tokens.device))
     probs = x.draft.probs
     draft = Draft(x.draft.tokens[index, :length], None if probs is None else probs[index, :length])
     hidden = None if x.target_hidden is None else x.target_hidden[index, : length + 1]
