@@ -6,20 +6,36 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import Cache
 
+from .architectures import (
+    UnsupportedArchitectureError,
+    UnsupportedCacheError,
+    check_batch,
+    check_supported,
+    layout,
+)
+from .tree import rows_tree_allowed, rows_tree_positions
 
-class UnsupportedCacheError(ValueError):
-    """The model's cache cannot be rolled back (sliding-window, recurrent or linear layers)."""
+__all__ = ["RowCache", "RowSubset", "UnsupportedArchitectureError", "UnsupportedCacheError", "keep_first",
+           "new_cache"]
 
 
 def new_cache(model: PreTrainedModel, role: str = "model") -> DynamicCache:
-    """An empty DynamicCache for ``model``, refused early when it cannot be cropped."""
-    cache = DynamicCache(config=model.config)
-    cache.activate_past_recording()  # sliding-window layers keep what a rollback needs
+    """An empty DynamicCache for ``model`` with a full cache layer (`DynamicLayer`) for every attention layer,
+    sliding-window and chunked ones included; a model the loop cannot serve (recurrent, linear or compressed
+    layers, see `semverify.architectures`) is refused here, before decoding, with the reason.
+
+    transformers' ``DynamicCache(config=...)`` gives a sliding layer a `DynamicSlidingWindowLayer`, which drops
+    keys by column count: with holes (a batch's rejected tokens) it would drop keys still inside a row's window,
+    and its width differs from the full layers', so rows could not be packed nor tree paths moved. A full layer
+    keeps them all and the window is applied by the mask instead (see `RowCache.inputs`). Memory: a sliding
+    layer then holds the whole context, as a full layer does, not just its window (bounding it is later work).
+    """
+    check_supported(model, role)
+    cache = DynamicCache()  # full layers, created as the forward reaches them
     if not cache.is_croppable:
         raise UnsupportedCacheError(
-            f"the {role}'s cache ({type(model).__name__}) cannot be cropped (sliding-window or recurrent "
-            "layers), so rejected draft tokens could not be rolled back; speculative decoding needs a "
-            "model with full attention caches"
+            f"the {role}'s cache ({type(model).__name__}) cannot be cropped, so rejected draft tokens could not "
+            "be rolled back; speculative decoding needs a model with croppable attention caches"
         )
     return cache
 
@@ -43,12 +59,20 @@ class RowCache:
     Every column has a per-row validity: a token one row rejects stays in the cache as a masked hole
     (another row may have kept its token there). Columns no row keeps are cropped from the end, and
     when holes fill more than half of a batched cache, each row's tokens are packed to the right.
-    Positions are per row, so packing never changes what a token attends to. With one row the
-    rejected tokens are always the last ones: rollback is plain cropping, and no mask is ever passed.
+    Positions are per row (a row's real tokens are at 0, 1, 2, ... in column order), so packing never
+    changes what a token attends to. With one row the rejected tokens are always the last ones: rollback
+    is plain cropping, and no mask is ever passed to a chain's forward.
+
+    Every layer keeps a full cache (`new_cache`), sliding-window ones too. Where a row has holes or padding
+    and some layer sees only a window, or for a token tree, the forward gets masks built here, on the device,
+    from each row's real columns and positions, one per layer type (`semverify.architectures.Layout`);
+    otherwise transformers builds them, from the 2-D mask where a column is masked.
     """
 
     def __init__(self, model: PreTrainedModel, batch_size: int, role: str = "model") -> None:
         self.cache, self.device = new_cache(model, role), model.device  # bookkeeping lives beside the cache
+        self.layout = layout(model)
+        check_batch(self.layout, batch_size, role)
         self.valid = torch.zeros(batch_size, 0, dtype=torch.bool, device=self.device)
         self.next_position = torch.zeros(batch_size, dtype=torch.long, device=self.device)
 
@@ -56,16 +80,43 @@ class RowCache:
     def length(self) -> int:
         return self.valid.shape[1]
 
-    def inputs(self, tokens: torch.LongTensor, token_valid: torch.BoolTensor | None = None) -> dict:
-        """Forward arguments for new columns ``tokens`` [B, W] (``token_valid``: which of them are real):
-        the ids, the cache, and, when any column is masked, the 2-D mask and per-row positions."""
+    def positions(self) -> torch.LongTensor:
+        """[B, length] each cached column's position in its row (holes: that of the real token before them)."""
+        return (self.valid.long().cumsum(-1) - 1).clamp_min(0)
+
+    def inputs(self, tokens: torch.LongTensor, token_valid: torch.BoolTensor | None = None,
+               parents: torch.LongTensor | None = None) -> dict:
+        """Forward arguments for new columns ``tokens`` [B, W] (``token_valid``: which of them are real): the ids,
+        the cache, and, when any column is masked, the mask and per-row positions. ``parents`` [B, n]: the last n
+        columns are each row's token tree (`semverify.tree`), the columns before them uncached context whose
+        last real one is the root; every node is then masked and placed as if its branch were alone."""
         tokens = tokens.to(self.device)
         token_valid = torch.ones_like(tokens, dtype=torch.bool) if token_valid is None else token_valid.to(self.device)
         inputs = {"input_ids": tokens, "cache": self.cache, "use_cache": True}
-        if not (bool(self.valid.all()) and bool(token_valid.all())):
-            inputs["attention_mask"] = torch.cat([self.valid, token_valid], dim=1).long()
-            inputs["position_ids"] = self.next_position[:, None] + (token_valid.long().cumsum(-1) - 1).clamp_min(0)
+        if parents is not None:
+            width = tokens.shape[1] - parents.shape[1]
+            positions = rows_tree_positions(parents, self.next_position, token_valid[:, :width]).to(self.device)
+            allowed = rows_tree_allowed(parents, self.valid, token_valid[:, :width], self.device)
+        elif bool(self.valid.all()) and bool(token_valid.all()):
+            return inputs  # nothing masked: transformers' own causal and window masks are right
+        else:
+            positions = self.next_position[:, None] + (token_valid.long().cumsum(-1) - 1).clamp_min(0)
+            if not self.layout.windowed:  # holes and padding only mask columns: transformers' 2-D mask path
+                inputs["attention_mask"] = torch.cat([self.valid, token_valid], dim=1).long()
+                inputs["position_ids"] = positions
+                return inputs
+            allowed = self.chain_allowed(token_valid)
+        inputs["attention_mask"] = self.layout.masks(allowed, positions, torch.cat([self.positions(), positions], 1))
+        inputs["position_ids"] = positions
         return inputs
+
+    def chain_allowed(self, token_valid: torch.BoolTensor) -> torch.BoolTensor:
+        """[B, W, length + W] which keys each new column may see: the row's real cached columns and its real new
+        columns up to itself (each column sees itself, so padding never leaves a query with nothing to see)."""
+        width = token_valid.shape[1]
+        causal = torch.ones(width, width, dtype=torch.bool, device=self.device).tril()
+        new = (causal[None] & token_valid[:, None, :]) | torch.eye(width, dtype=torch.bool, device=self.device)
+        return torch.cat([self.valid[:, None, :].expand(-1, width, -1), new], dim=2)
 
     def extend(self, token_valid: torch.BoolTensor) -> None:
         """Record the columns a forward just added to the cache."""
@@ -106,6 +157,8 @@ class RowCache:
         source = torch.zeros(len(count), width, dtype=torch.long, device=self.device)
         source[slot] = order[torch.arange(width, device=self.device)[None, :] < count[:, None]]
         for layer in self.cache.layers:
+            if layer.keys is None or not layer.keys.numel():
+                continue
             index = source[:, None, :, None].to(layer.keys.device)
             layer.keys = layer.keys.gather(2, index.expand(-1, layer.keys.shape[1], -1, layer.keys.shape[3]))
             layer.values = layer.values.gather(2, index.expand(-1, layer.values.shape[1], -1, layer.values.shape[3]))
@@ -116,6 +169,7 @@ class RowCache:
         index = torch.tensor(rows, dtype=torch.long, device=self.device)
         part = RowCache.__new__(RowCache)
         part.device, part.valid, part.next_position = self.device, self.valid[index], self.next_position[index]
+        part.layout = self.layout
         part.cache = DynamicCache([(None, None) if not layer.is_initialized else  # nothing cached yet
                                    (layer.keys[index.to(layer.keys.device)], layer.values[index.to(layer.keys.device)])
                                    for layer in self.cache.layers])

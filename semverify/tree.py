@@ -3,7 +3,9 @@
 A tree draft is a flat list of n tokens with ``parents[i] < i`` (-1: a child of the last accepted
 token, the "root"). The target sees ``[root, t_0, ..., t_{n-1}]`` with a 4-D attention mask in which
 each node attends to the cache, the root and its own ancestors, and with depth-based positions, so
-every branch is scored exactly as if it had been verified alone (SpecInfer, REST, EAGLE).
+every branch is scored exactly as if it had been verified alone (SpecInfer, REST, EAGLE). Sliding-window
+layers further limit each node to the keys within its window of token positions (`RowCache.inputs` applies
+each layer type's window to `rows_tree_allowed`).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from .cache import UnsupportedCacheError
+from .architectures import UnsupportedCacheError
 from .types import Draft
 
 
@@ -61,23 +63,37 @@ def tree_attention_mask(parents: torch.LongTensor, past: int, pending: int, dtyp
 
 def rows_tree_mask(parents: torch.LongTensor, past_valid: torch.BoolTensor, pending_valid: torch.BoolTensor,
                    dtype: torch.dtype, device: torch.device | str = "cpu") -> torch.Tensor:
-    """[B, 1, W+n, past+W+n] additive mask of a batch whose row b holds the tree ``parents[b]`` [n].
+    """[B, 1, W+n, past+W+n] additive mask (0 attends, dtype min blocks) of `rows_tree_allowed`, for layers that
+    see every earlier token (a sliding-window layer needs its window on top: `RowCache.inputs`)."""
+    allowed = rows_tree_allowed(parents, past_valid, pending_valid, device)
+    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(
+        ~allowed, torch.finfo(dtype).min)[:, None]
+
+
+def rows_tree_allowed(parents: torch.LongTensor, past_valid: torch.BoolTensor, pending_valid: torch.BoolTensor,
+                      device: torch.device | str | None = None) -> torch.BoolTensor:
+    """[B, W+n, past+W+n] which keys each position of a batch may see, whose row b holds the tree ``parents[b]`` [n].
 
     Each row sees its real cache columns (``past_valid`` [B, past]: holes and padding are masked) and its
     real uncached tokens (``pending_valid`` [B, W], causal, the last is the root); a node also sees its
-    ancestors. Every position sees itself, so padding never leaves a row with nothing to attend to.
+    ancestors. Every position sees itself, so padding never leaves a row with nothing to attend to. Built on
+    ``device`` (by default that of ``past_valid``); only the [n, n] ancestor blocks come from the host.
     """
+    device = past_valid.device if device is None else torch.device(device)
     batch, n = parents.shape
-    past, width = past_valid.shape[1], pending_valid.shape[1]
-    past_valid, pending_valid = past_valid.cpu(), pending_valid.cpu()
-    allowed = torch.zeros(batch, width + n, past + width + n, dtype=torch.bool)
-    allowed[:, :, :past] = past_valid[:, None, :]
-    allowed[:, :width, past : past + width] = torch.ones(width, width, dtype=torch.bool).tril() & pending_valid[:, None]
-    allowed[:, width:, past : past + width] = pending_valid[:, None, :]
-    allowed[:, width:, past + width :] = torch.stack([ancestor_mask(p) for p in parents])
-    allowed[:, torch.arange(width + n), past + torch.arange(width + n)] = True
-    mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)
-    return mask[:, None].to(device)
+    width = pending_valid.shape[1]
+    past_valid, pending_valid = past_valid.to(device), pending_valid.to(device)
+    blocks: dict[tuple[int, ...], torch.BoolTensor] = {}  # rows often share a tree shape (chains, padding)
+    tree = torch.stack([blocks.setdefault(tuple(p.tolist()), ancestor_mask(p)) for p in parents.cpu()]) if n else (
+        torch.zeros(batch, 0, 0, dtype=torch.bool))
+    causal = torch.ones(width, width, dtype=torch.bool, device=device).tril()
+    context = torch.cat([causal[None] & pending_valid[:, None, :],
+                         torch.zeros(batch, width, n, dtype=torch.bool, device=device)], dim=2)
+    nodes = torch.cat([pending_valid[:, None, :].expand(-1, n, -1), tree.to(device)], dim=2)
+    allowed = torch.cat([past_valid[:, None, :].expand(-1, width + n, -1), torch.cat([context, nodes], dim=1)], dim=2)
+    past = past_valid.shape[1]
+    allowed[:, torch.arange(width + n, device=device), past + torch.arange(width + n, device=device)] = True
+    return allowed
 
 
 def tree_position_ids(parents: torch.LongTensor, past: int, pending: int,
@@ -96,12 +112,14 @@ def rows_tree_positions(parents: torch.LongTensor, next_position: torch.LongTens
     return torch.cat([context, root[:, None] + torch.stack([depths(p) for p in parents])], dim=1)
 
 
-def require_full_attention(cache: DynamicCache) -> None:
-    """Refuse caches whose layers a tree mask would get wrong or that cannot be reordered (sliding
-    windows: a custom 4-D mask replaces the window; quantized or recurrent layers)."""
+def _check_movable(cache: DynamicCache) -> None:
+    """Refuse caches whose entries cannot be moved between columns: only full `DynamicLayer`s can (a
+    `DynamicSlidingWindowLayer` drops columns; quantized or recurrent layers). Caches from
+    `semverify.cache.new_cache` always pass, sliding-window models' included (their windows are masks)."""
     for layer in cache.layers:
         if type(layer) is not DynamicLayer:
-            raise UnsupportedCacheError(f"tree drafts need full-attention cache layers; got {type(layer).__name__}")
+            raise UnsupportedCacheError(f"tree drafts need full (non-dropping) cache layers, as semverify.cache."
+                                        f"new_cache makes them; got {type(layer).__name__}")
 
 
 def keep_path(cache: DynamicCache, start: int, nodes: list[int], row: int | None = None) -> None:
@@ -112,9 +130,11 @@ def keep_path(cache: DynamicCache, start: int, nodes: list[int], row: int | None
     """
     if nodes == list(range(len(nodes))):  # a chain's accepted prefix is already in place
         return
-    require_full_attention(cache)
+    _check_movable(cache)
     rows = slice(None) if row is None else slice(row, row + 1)
     for layer in cache.layers:
+        if layer.keys is None or not layer.keys.numel():
+            continue
         src = (torch.tensor(nodes) + start).to(layer.keys.device)
         dst = (torch.arange(len(nodes)) + start).to(layer.keys.device)
         layer.keys[rows, :, dst] = layer.keys[rows, :, src]

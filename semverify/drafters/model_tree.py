@@ -16,6 +16,7 @@ import math
 import torch
 from transformers import PreTrainedModel
 
+from ..architectures import layout
 from ..cache import keep_first, new_cache
 from ..sampling import Sampler
 from ..tree import ancestor_mask, depths, keep_path
@@ -41,9 +42,11 @@ class ModelTreeDrafter(BaseDrafter):
             eos_token_id = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
         self.eos = set(eos_ids(eos_token_id))
         self.cache, self.fed, self._tree = None, 0, None
+        self.layout = None  # the draft model's attention layout (windows, mask format), set at reset
 
     def reset(self, input_ids: torch.LongTensor) -> None:
         self.cache = new_cache(self.model, role="draft model")
+        self.layout = layout(self.model)
         self.fed = 0  # tokens of the sequence held, in order, at the start of the cache
         self._tree: tuple[list[int], list[int], int] | None = None  # last tree: tokens, parents, nodes cached
 
@@ -92,14 +95,16 @@ class ModelTreeDrafter(BaseDrafter):
 
     def _forward(self, tokens: list[int], parents: list[int], first: int, device) -> torch.Tensor:
         """The draft's next-token logits [m, V] at the nodes ``first..``, fed in one forward: node i sits at
-        cache column fed + i, and sees the sequence and its ancestors (the nodes before ``first`` are cached)."""
+        cache column fed + i, and sees the sequence and its ancestors (the nodes before ``first`` are cached),
+        within each layer's window of positions."""
         tree = torch.tensor(parents, dtype=torch.long)
         seen = torch.cat([torch.ones(len(tokens) - first, self.fed, dtype=torch.bool), ancestor_mask(tree)[first:]],
                          dim=1)
-        mask = torch.zeros(seen.shape, dtype=self.model.dtype).masked_fill(~seen, torch.finfo(self.model.dtype).min)
-        positions = self.fed - 1 + depths(tree)[first:]
+        node_positions = self.fed - 1 + depths(tree)
+        keys = torch.cat([torch.arange(self.fed), node_positions])
+        mask = self.layout.masks(seen[None].to(device), node_positions[None, first:].to(device), keys[None].to(device))
         out = self.model(input_ids=torch.tensor([tokens[first:]], device=device), cache=self.cache, use_cache=True,
-                         attention_mask=mask[None, None].to(device), position_ids=positions[None].to(device))
+                         attention_mask=mask, position_ids=node_positions[None, first:].to(device))
         return out.logits[0].float()
 
     def _keep_accepted(self, seq: torch.LongTensor) -> None:

@@ -73,7 +73,7 @@ def test_keep_first_edges():
 
 
 def test_sliding_window_model_rolls_back():
-    """Past recording keeps sliding-window layers croppable once the window is full."""
+    """Full cache layers keep a sliding-window model croppable once the window is full."""
     target = tiny_model(4, sliding_window=8)
     ids = torch.randint(0, 96, (1, 12), generator=torch.Generator().manual_seed(4))
     expected = target.generate(ids, do_sample=False, max_new_tokens=30)
@@ -86,3 +86,29 @@ def test_uncroppable_cache_is_refused(monkeypatch):
     monkeypatch.setattr(DynamicCache, "is_croppable", property(lambda self: False))
     with pytest.raises(UnsupportedCacheError, match="cannot be cropped"):
         new_cache(tiny_model(0), role="target model")
+
+
+def test_holes_and_padding_take_no_slot_of_a_sliding_window():
+    """A batch's rejected tokens (holes) and padding are masked out of a sliding window counted in token
+    positions: before and after packing, each row's next logits are those of its own tokens alone."""
+    from semverify.cache import RowCache
+
+    model = tiny_model(5, sliding_window=4)
+    rows = [torch.arange(3, 9), torch.arange(20, 31)]
+    ids = torch.stack([torch.cat([torch.zeros(5, dtype=torch.long), rows[0]]), rows[1]])
+    valid = ids != 0
+    cache = RowCache(model, 2)
+    with torch.inference_mode():
+        model(**cache.inputs(ids, valid))
+        cache.extend(valid)
+        model(**cache.inputs(torch.tensor([[11, 12, 13], [21, 22, 23]])))
+        cache.extend(torch.ones(2, 3, dtype=torch.bool))
+        cache.keep(torch.tensor([[True, False, False], [True, True, True]]))  # row 0 rejects 12, 13: holes
+        alone = [torch.cat([rows[0], torch.tensor([11])]), torch.cat([rows[1], torch.tensor([21, 22, 23])])]
+        for probe in (31, 32):
+            got = model(**cache.inputs(torch.tensor([[probe], [probe]]))).logits[:, -1]
+            cache.extend(torch.ones(2, 1, dtype=torch.bool))
+            alone = [torch.cat([tokens, torch.tensor([probe])]) for tokens in alone]
+            for row, tokens in enumerate(alone):
+                torch.testing.assert_close(got[row], model(tokens[None]).logits[0, -1], rtol=1e-4, atol=1e-5)
+            cache.pack()

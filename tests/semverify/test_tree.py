@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from transformers import DynamicCache
 
 from semverify import Draft, PromptLookupDrafter, generate, get_rule
 from semverify.cache import UnsupportedCacheError, new_cache
@@ -87,7 +88,7 @@ def test_tree_logits_equal_branch_by_branch_logits(arch, past):
             assert torch.allclose(out[rows], alone[-(len(path) + 1):], atol=1e-5), path
 
 
-def test_keep_path_moves_the_chosen_branch_and_refuses_sliding_caches():
+def test_keep_path_moves_the_chosen_branch_and_refuses_dropping_caches():
     model = tiny_model(0)
     cache = new_cache(model)
     with torch.inference_mode():
@@ -98,11 +99,19 @@ def test_keep_path_moves_the_chosen_branch_and_refuses_sliding_caches():
     assert torch.equal(after[:, :, 4], before[:, :, 6]) and torch.equal(after[:, :, 5], before[:, :, 9])
     assert torch.equal(after[:, :, :4], before[:, :, :4])
 
+    # a sliding-window model's cache keeps full layers (its window is a mask), so a path moves there too
     sliding = tiny_model(0, sliding_window=4)
     cache = new_cache(sliding)
-    with torch.inference_mode(), pytest.raises(UnsupportedCacheError, match="full-attention"):
+    with torch.inference_mode():
         sliding(input_ids=torch.arange(10)[None], cache=cache, use_cache=True)
+        before = cache.layers[0].keys.clone()
         keep_path(cache, 4, [2, 5])
+    assert torch.equal(cache.layers[0].keys[:, :, 5], before[:, :, 9])
+    # transformers' own sliding layers drop columns: a path cannot be moved in them
+    dropping = DynamicCache(config=sliding.config)
+    with torch.inference_mode(), pytest.raises(UnsupportedCacheError, match="full"):
+        sliding(input_ids=torch.arange(10)[None], cache=dropping, use_cache=True)
+        keep_path(dropping, 4, [2, 5])
 
 
 class OracleTreeDrafter(PromptLookupDrafter):
