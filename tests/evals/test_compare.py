@@ -64,7 +64,8 @@ def test_method_configs_combine_in_order():
 
 @pytest.mark.parametrize("config", sorted((REPO / "evals/configs").glob("*.json")), ids=lambda p: p.name)
 def test_every_shipped_config_loads_and_says_where_its_settings_come_from(config):
-    context = RunContext.for_decoding("qwen2.5-coder-0.5b-instruct", "qwen2.5-coder-1.5b-instruct", True, 0.7)
+    context = RunContext.for_decoding("qwen2.5-coder-0.5b-instruct", "qwen2.5-coder-1.5b-instruct", True, 0.7,
+                                      byte_tokenizer())  # a phase's text markers are tokenized with the run's
     methods = load_methods(None, [config], context)  # rules built as a run on the default pair builds them
     assert methods and len({m.name for m in methods}) == len(methods)
     assert json.loads(config.read_text()).get("about"), f"{config.name} needs an 'about': what it is for, and why"

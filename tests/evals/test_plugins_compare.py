@@ -13,6 +13,7 @@ from evals.rows import read_rows
 from semverify import plugins
 from semverify.cli import main
 from semverify.plugins import ENV
+from tests.evals.test_cli_errors import one_line_error
 from tests.helpers import REPO
 from tests.semverify.test_plugins import isolated, plugin_source, sha256, write_file, write_package  # noqa: F401
 
@@ -33,15 +34,6 @@ def forget_plugins():
     plugins._LOADED.clear()
     for table, name in ((registry._RULES, "capped_greedy"), (methods._METHODS, "capped")):
         table.entries.pop(name, None)
-
-
-def one_line_error(argv, capsys) -> str:
-    with pytest.raises(SystemExit) as info:
-        main(argv)
-    assert info.value.code == 2
-    err = capsys.readouterr().err.strip()
-    assert "Traceback" not in err
-    return err.splitlines()[-1]
 
 
 def test_an_installed_plugins_method_runs_in_compare_and_report(tiny_checkpoint, tmp_path, monkeypatch):
