@@ -22,7 +22,7 @@ def test_unperturbed_rows_equal_the_librarys_coupled_target_alone(context):
     for prompt, seed, row in zip(prompts, seeds, rows):
         out, _ = speculative_generate(model, torch.tensor([prompt]), drafter=NoDrafter(), rule=get_rule("speculative"),
                                       k=1, max_new_tokens=24, sampler=Sampler(True, 0.8), eos_token_id=0,
-                                      generator=CoupledNoise(seed, context=context))
+                                      generator=CoupledNoise(seed, context=context, noise="legacy"))
         assert row["output_ids"] == out[0, len(prompt) :].tolist()
         assert row["events"] == 0 and len(row["entropies"]) == len(row["output_ids"])
     perturbed = decode(model, prompts, seeds, scheme, 0.0, args, eos={0}, pad=0)  # every position redrawn
