@@ -11,11 +11,11 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from semverify.engine.sampling import Sampler
 from semverify.methods import Method
 from semverify.models import load_model
 from semverify.registry import RunContext
 from semverify.rules import TypicalAcceptance, entropy
-from semverify.sampling import Sampler
 
 from .benchmarks import get_benchmark
 from .rows import read_rows

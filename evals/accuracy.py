@@ -13,7 +13,7 @@ import torch
 from transformers import PreTrainedModel
 
 from semverify import NoDrafter, generate, load_model
-from semverify.clock import device_clock
+from semverify.engine.clock import device_clock
 
 from .provenance import recorded
 from .runner import CheckedRun, compare, left_pad, model_dtypes, one_at_a_time, shard_info

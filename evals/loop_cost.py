@@ -63,9 +63,9 @@ from transformers import PreTrainedModel, Qwen2Config, Qwen2ForCausalLM
 
 import semverify
 import semverify.generation as _generation
-from semverify.clock import device_clock
+from semverify.engine.clock import device_clock
+from semverify.engine.sampling import Sampler
 from semverify.machine import machine
-from semverify.sampling import Sampler
 from semverify.types import Draft
 
 from .env import environment
@@ -139,7 +139,7 @@ class OracleDrafter:
     """Proposes each row's precomputed continuation (``continuation`` [B, N], the target's own greedy tokens
     after the prompts): every draft is accepted under greedy verification, and drafting costs no forward.
 
-    It implements the batch protocol (`semverify.drafters.base.RowDrafter`: all rows proposed at once, by
+    It implements the batch protocol (`semverify.engine.drafting.RowDrafter`: all rows proposed at once, by
     indexing the continuation at each row's output length, the row's sequence length less its prompt's) and
     the one-sequence protocol on top of it, which the loop drives at batch 1."""
 

@@ -21,11 +21,11 @@ import torch
 from tqdm.auto import tqdm
 
 from semverify.cost import cost_at
+from semverify.engine.tree import leaf_paths
 from semverify.methods import Method
 from semverify.models import load_tokenizer
 from semverify.registry import DraftResources, make_drafter
 from semverify.sense import Datastore
-from semverify.tree import leaf_paths
 
 from .benchmarks import get_benchmark
 from .rows import read_rows

@@ -1,6 +1,6 @@
 """Does coupled noise keyed by context, not position, keep a perturbed run paired with the target's?
 
-Coupled sampling (`semverify.coupling.CoupledNoise`) keys each Gumbel draw by output position, so a lossy rule
+Coupled sampling (`semverify.engine.coupling.CoupledNoise`) keys each Gumbel draw by output position, so a lossy rule
 that changes one token early continues on another prefix with unrelated noise: its grade then differs from the
 target's about as often as an independent sample's. This experiment keys the noise by context instead (the
 last ``n`` tokens and how often that context occurred before in the output, so no key repeats within an output
@@ -23,7 +23,7 @@ import torch
 from tqdm import tqdm
 from transformers import DynamicCache
 
-from semverify.coupling import RESAMPLE_STREAM, TARGET_STREAM, CoupledNoise
+from semverify.engine.coupling import RESAMPLE_STREAM, TARGET_STREAM, CoupledNoise
 from semverify.models import load_model
 
 from .benchmarks import get_benchmark

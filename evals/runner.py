@@ -21,8 +21,8 @@ import torch
 from tqdm import tqdm
 
 from semverify import NoDrafter, SpecGenerateOutput, generate, load_model
-from semverify.clock import device_clock
-from semverify.coupling import CoupledNoise, mix
+from semverify.engine.clock import device_clock
+from semverify.engine.coupling import CoupledNoise, mix
 from semverify.machine import machine
 from semverify.methods import Method, load_method_rules
 from semverify.models import ModelLoadError, choose_dtype, load_tokenizer

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from semverify import load_model
-from semverify.clock import device_clock
+from semverify.engine.clock import device_clock
 from semverify.methods import Method, available_methods, get_method
 from semverify.registry import DraftResources, RunContext, drafter_kind
 

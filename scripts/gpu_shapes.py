@@ -17,8 +17,8 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from semverify import NoDrafter, generate
-from semverify.clock import device_clock
 from semverify.cost import PLAN_SIZES, forward_seconds
+from semverify.engine.clock import device_clock
 from semverify.machine import machine
 from semverify.planner import DraftPlanner
 

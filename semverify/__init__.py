@@ -1,7 +1,6 @@
 """semverify: one speculative decoding loop with pluggable drafters and acceptance rules."""
 
 from . import easd, relaxed, semanticspec, sense  # noqa: E402,F401  (importing registers their rules, drafters and methods)
-from .coupling import CoupledNoise
 from .drafters import (
     BaseDrafter,
     Drafter,
@@ -11,8 +10,10 @@ from .drafters import (
     NoDrafter,
     PromptLookupDrafter,
 )
+from .engine.coupling import CoupledNoise
+from .engine.loop import speculative_generate
+from .engine.sampling import Sampler
 from .generation import SpecGenerateOutput, generate
-from .loop import speculative_generate
 from .methods import Method, available_methods, register_method
 from .models import DEFAULT_DRAFT, DEFAULT_TARGET, OFFLINE_MODELS, load_model
 from .plugins import load_plugins
@@ -28,7 +29,6 @@ from .registry import (
     register_rule,
 )
 from .rules import AcceptanceRule, BaseRule, GreedyMatch, SpeculativeSampling, TypicalAcceptance
-from .sampling import Sampler
 from .semanticspec.drafts import StepDraft, StepTokensDraft
 from .stats import SpecStats
 from .types import Draft, StepOutcome, Verdict, VerifyInput

@@ -19,11 +19,11 @@ import torch
 from tqdm.auto import tqdm
 from transformers import PretrainedConfig, PreTrainedModel
 
-from .cache import keep_first, new_cache
-from .clock import device_clock
+from .engine.cache import keep_first, new_cache
+from .engine.clock import device_clock
+from .engine.tree import tree_attention_mask, tree_position_ids
 from .machine import machine
 from .model_cache import cache_root, model_key
-from .tree import tree_attention_mask, tree_position_ids
 
 PLAN_SIZES = (0, 1, 2, 3, 4, 6, 8, 12, 16)  # draft tokens a planner chooses among
 

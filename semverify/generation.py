@@ -10,14 +10,14 @@ import torch
 from transformers import GenerationConfig, LogitsProcessorList, PreTrainedModel, StoppingCriteriaList
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
-from .coupling import CoupledNoise, is_coupled
 from .drafters import Drafter
+from .engine.coupling import CoupledNoise, is_coupled
+from .engine.loop import prompt_rows, speculative_generate
+from .engine.sampling import Sampler
 from .generation_config import processors, refuse_unsupported, setting
 from .generation_config import stopping_criteria as build_criteria
-from .loop import prompt_rows, speculative_generate
 from .registry import DraftResources, RunContext, drafter_kind, get_rule, make_drafter
 from .rules import BaseRule, check_draft_length
-from .sampling import Sampler
 from .stats import SpecStats
 from .types import eos_ids
 
@@ -75,7 +75,7 @@ def generate(
     ``return_dict_in_generate=True`` a `SpecGenerateOutput` whose ``spec_stats`` holds the
     call's statistics. Random draws use ``generator`` or one seeded from torch's global RNG, so
     ``torch.manual_seed`` makes sampled runs repeatable; ``generator=CoupledNoise(seed)`` (one per row for a
-    batch, see `semverify.coupling`) draws every target token from noise keyed by (seed, position), so
+    batch, see `semverify.engine.coupling`) draws every target token from noise keyed by (seed, position), so
     every lossless drafter gives the target alone's output for that seed. ``acceptance`` is the former name
     of ``rule``.
     """

@@ -15,7 +15,8 @@ import math
 
 import torch
 
-from .coupling import is_coupled
+from .engine.coupling import is_coupled
+from .engine.sampling import uniform
 from .methods import Method, register_method
 from .registry import register_rule
 from .rules import (
@@ -28,7 +29,6 @@ from .rules import (
     ratio_test,
     target_choices,
 )
-from .sampling import uniform
 from .types import Draft, Verdict, VerifyInput
 
 

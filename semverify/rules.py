@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import torch
 
-from .coupling import is_coupled
-from .sampling import sample_from, uniform
+from .engine.coupling import is_coupled
+from .engine.sampling import sample_from, uniform
+from .engine.verification import sample_tree, verify_paths
 from .types import Verdict, VerifyInput
-from .verification import sample_tree, verify_paths
 
 
 class BaseRule:
@@ -126,7 +126,7 @@ class SpeculativeSampling(BaseRule):
 
     With no draft probabilities (a deterministic proposer) q is one-hot, so x is kept with prob p(x)
     and a rejection draws from p with x removed. Under greedy decoding this is `GreedyMatch`, and
-    so it is under coupled noise (`semverify.coupling`): drafts are kept while they equal the
+    so it is under coupled noise (`semverify.engine.coupling`): drafts are kept while they equal the
     coupled target token, which makes the output the target alone's whatever the drafter (trees too,
     path by path), at the cost of accepting less than min(1, p/q) when the draft did not share the noise.
     A sampled token tree is verified sibling by sibling with the same one-hot test
@@ -143,7 +143,7 @@ class SpeculativeSampling(BaseRule):
         return Verdict(n, draw_after(x, n), {"ratio": prefix_mask(n, x.k)})
 
     def verify_sampled_tree(self, x: VerifyInput) -> tuple[list[int], Verdict]:
-        """Sibling by sibling, lossless (see `semverify.verification.sample_tree`)."""
+        """Sibling by sibling, lossless (see `semverify.engine.verification.sample_tree`)."""
         return sample_tree(x)
 
 

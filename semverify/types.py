@@ -143,7 +143,14 @@ class Verdict:
 
 
 class Judge(Protocol):
-    """What verification calls a rule as (`semverify.rules.BaseRule` is one): a chain's verdict, a tree's path."""
+    """What the engine sees of an acceptance rule (`semverify.rules.BaseRule` is one): what it reads, a chain's
+    verdict and a tree's path."""
+
+    name: str
+    needs_draft_probs: bool
+    needs_hidden_states: bool
+    needs_extend: bool
+    history_tokens: int
 
     def __call__(self, x: VerifyInput) -> Verdict: ...
 

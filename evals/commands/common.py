@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from semverify.commands import non_negative_int, positive_int
-from semverify.coupling import NOISE_KINDS
+from semverify.engine.coupling import NOISE_KINDS
 from semverify.models import DEFAULT_DRAFT, DEFAULT_TARGET
 from semverify.plugins import add_plugin_option, load_plugins, loaded_plugins
 

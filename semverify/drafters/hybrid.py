@@ -7,7 +7,7 @@ import copy
 
 import torch
 
-from ..sampling import Sampler
+from ..engine.sampling import Sampler
 from ..types import Draft, StepOutcome
 from .base import BaseDrafter
 from .model import ModelDrafter

@@ -8,10 +8,10 @@ from typing import Callable, NamedTuple
 import torch
 from transformers import PreTrainedModel
 
-from ..cache import RowCache, RowSubset
+from ..engine.cache import RowCache, RowSubset
+from ..engine.sampling import Sampler, sample_from
 from ..planner import DraftPlanner
 from ..rules import entropy
-from ..sampling import Sampler, sample_from
 from ..types import Draft, StepOutcome, eos_ids
 from .base import BaseDrafter
 

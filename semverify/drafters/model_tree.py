@@ -6,7 +6,7 @@ under a tree mask (each node sees the sequence and its own ancestors), within a 
 verification forward over 24 tokens costs little more than over 1 (a memory-bound device), the
 alternatives buy accepted length almost for free. Greedy decoding: the target's greedy path through
 the tree is what plain decoding writes. Sampling: the tree is chosen without the target's draws, so
-speculative sampling over it sibling by sibling is exact (`semverify.verification.sample_tree`).
+speculative sampling over it sibling by sibling is exact (`semverify.engine.verification.sample_tree`).
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ import math
 import torch
 from transformers import PreTrainedModel
 
-from ..architectures import layout
-from ..cache import keep_first, new_cache
-from ..sampling import Sampler
-from ..tree import ancestor_mask, depths, keep_path
+from ..engine.architectures import layout
+from ..engine.cache import keep_first, new_cache
+from ..engine.sampling import Sampler
+from ..engine.tree import ancestor_mask, depths, keep_path
 from ..types import Draft, eos_ids
 from .base import BaseDrafter
 

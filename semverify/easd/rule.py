@@ -12,7 +12,8 @@ import math
 
 import torch
 
-from ..coupling import RESAMPLE_STREAM, is_coupled
+from ..engine.coupling import RESAMPLE_STREAM, is_coupled
+from ..engine.sampling import sample_from
 from ..rules import (
     BaseRule,
     SpeculativeSampling,
@@ -24,7 +25,6 @@ from ..rules import (
     ratio_test,
     target_choices,
 )
-from ..sampling import sample_from
 from ..types import Verdict, VerifyInput
 
 RESAMPLE = ("target", "residual")
@@ -38,7 +38,7 @@ class EntropyAwareRule(BaseRule):
     the target with the draft token removed (``resample="target"``; greedy: the target's second
     choice) or from the SD residual of that distribution (``resample="residual"``). With either
     threshold at +inf the rule is exactly `SpeculativeSampling`. Under coupled noise
-    (`semverify.coupling`) acceptance is drafter-invariant (a draft token is kept while it equals the
+    (`semverify.engine.coupling`) acceptance is drafter-invariant (a draft token is kept while it equals the
     coupled target token) instead of min(1, p/q), and the penalty's resample is the Gumbel-max of the
     target's distribution without the draft token under a second noise stream.
     """

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import torch
 
-from ..coupling import is_coupled
 from ..drafters.model import ModelDrafter
-from ..sampling import Sampler
+from ..engine.coupling import is_coupled
+from ..engine.sampling import Sampler
 from ..types import Draft
 from .drafts import StepDraft, StepTokensDraft
 from .segment import StepSegmenter

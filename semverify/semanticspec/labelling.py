@@ -22,9 +22,9 @@ import torch
 from tqdm.auto import tqdm
 
 from ..answers import Answer, generate_answers
-from ..cache import new_cache
+from ..engine.cache import new_cache
+from ..engine.sampling import Sampler, sample_from
 from ..rules import entropy
-from ..sampling import Sampler, sample_from
 from ..types import eos_ids
 from .segment import StepSegmenter
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import torch
 
+from ..engine.sampling import uniform
 from ..rules import BaseRule
-from ..sampling import uniform
 from ..types import VerifyInput
 from .probe import ProbeError, SemanticProbe
 from .steps import StepRule

@@ -7,8 +7,8 @@ import numpy as np
 import torch
 
 from ..drafters.base import BaseDrafter
-from ..sampling import Sampler
-from ..tree import draft_from_sequences, merge_sequences
+from ..engine.sampling import Sampler
+from ..engine.tree import draft_from_sequences, merge_sequences
 from ..types import Draft
 from .datastore import Datastore
 

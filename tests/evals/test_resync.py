@@ -8,7 +8,7 @@ import torch
 
 from evals.resync import decode, summarize
 from semverify import CoupledNoise, NoDrafter, Sampler, get_rule
-from semverify.loop import speculative_generate
+from semverify.engine.loop import speculative_generate
 from tests.helpers import tiny_model
 
 

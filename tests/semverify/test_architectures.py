@@ -18,8 +18,8 @@ import transformers
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from semverify import HybridDrafter, ModelDrafter, ModelTreeDrafter, NoDrafter, PromptLookupDrafter, generate
-from semverify.architectures import UnsupportedArchitectureError, layer_types, layout, unsupported_reason
-from semverify.coupling import CoupledNoise
+from semverify.engine.architectures import UnsupportedArchitectureError, layer_types, layout, unsupported_reason
+from semverify.engine.coupling import CoupledNoise
 from tests.helpers import byte_tokenizer
 
 TOK = byte_tokenizer()  # the models' vocabulary is the byte tokenizer's, so step drafts can find their breaks

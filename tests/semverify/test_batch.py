@@ -11,12 +11,12 @@ import torch
 from scipy.stats import chisquare
 
 from semverify import Sampler, SpeculativeSampling, Verdict, generate
-from semverify.cache import RowCache
 from semverify.drafters import HybridDrafter, ModelDrafter, ModelTreeDrafter, PromptLookupDrafter
-from semverify.loop import speculative_generate
+from semverify.engine.cache import RowCache
+from semverify.engine.loop import speculative_generate
+from semverify.engine.sampling import sample_from
 from semverify.registry import get_rule
 from semverify.rules import prefix_mask
-from semverify.sampling import sample_from
 from tests.helpers import tiny_model
 
 
@@ -219,11 +219,11 @@ def test_prompt_lookup_drafts_per_row_with_its_own_lengths():
 def test_rows_that_stop_drafting_leave_the_draft_forwards_and_keep_their_cache(monkeypatch):
     """Short drafts stop early: the rows still drafting are fed alone (RowSubset), and every row drafts,
     before and after a ragged commit, what it drafts alone."""
-    import semverify.cache
+    import semverify.engine.cache
     from semverify.drafters import model as model_drafter
 
     narrowings = []
-    keep = semverify.cache.RowSubset.keep
+    keep = semverify.engine.cache.RowSubset.keep
     monkeypatch.setattr(model_drafter.RowSubset, "keep", lambda self, rows: narrowings.append(rows) or keep(self, rows))
     draft_model, sampler = tiny_model(7, arch="llama"), Sampler()
     rows = prompts(7, lengths=(5, 9, 3, 7))
@@ -259,7 +259,7 @@ def test_rows_that_wait_finish_their_draft_at_the_next_call_as_they_would_alone(
     """With ``rounds``, a batch's draft call stops once a row has finished and the rounds are spent; the rows
     still drafting wait and draft on at the next call: each row's finished drafts (tokens, the coupled draws at
     its own positions, probabilities, hidden states) are those it drafts alone, before and after commits."""
-    from semverify.coupling import CoupledNoise, at_offset
+    from semverify.engine.coupling import CoupledNoise, at_offset
 
     draft_model, sampler = tiny_model(7, arch="llama"), Sampler(True, 0.8)
     rows = prompts(8, lengths=(5, 9, 3, 7))

@@ -4,11 +4,11 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from semverify.cache import UnsupportedCacheError, keep_first, new_cache
 from semverify.drafters import ModelDrafter
-from semverify.loop import speculative_generate
+from semverify.engine.cache import UnsupportedCacheError, keep_first, new_cache
+from semverify.engine.loop import speculative_generate
+from semverify.engine.sampling import Sampler
 from semverify.registry import get_rule
-from semverify.sampling import Sampler
 from tests.helpers import tiny_model
 
 
@@ -91,7 +91,7 @@ def test_uncroppable_cache_is_refused(monkeypatch):
 def test_holes_and_padding_take_no_slot_of_a_sliding_window():
     """A batch's rejected tokens (holes) and padding are masked out of a sliding window counted in token
     positions: before and after packing, each row's next logits are those of its own tokens alone."""
-    from semverify.cache import RowCache
+    from semverify.engine.cache import RowCache
 
     model = tiny_model(5, sliding_window=4)
     rows = [torch.arange(3, 9), torch.arange(20, 31)]

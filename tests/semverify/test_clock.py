@@ -4,7 +4,7 @@ import time
 
 import torch
 
-from semverify.clock import device_clock
+from semverify.engine.clock import device_clock
 
 
 def test_cpu_clock_is_the_plain_counter():

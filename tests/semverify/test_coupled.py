@@ -18,8 +18,8 @@ from semverify import (
     generate,
     get_rule,
 )
-from semverify.coupling import CoupledNoise, counter_gumbel, mix
-from semverify.loop import speculative_generate
+from semverify.engine.coupling import CoupledNoise, counter_gumbel, mix
+from semverify.engine.loop import speculative_generate
 from semverify.rules import at_position, prefix_mask, target_choices
 from semverify.types import Verdict
 from tests.helpers import tiny_model

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from semverify import HybridDrafter, ModelDrafter, ModelTreeDrafter, PromptLookupDrafter, generate, get_rule
-from semverify.loop import speculative_generate
-from semverify.sampling import Sampler
+from semverify.engine.loop import speculative_generate
+from semverify.engine.sampling import Sampler
 from tests.helpers import tiny_model
 
 

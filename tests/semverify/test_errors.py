@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from semverify import Draft, PromptLookupDrafter, generate
-from semverify.loop import speculative_generate
+from semverify.engine.loop import speculative_generate
 from semverify.registry import get_rule
 from semverify.rules import SpeculativeSampling
 from tests.helpers import tiny_model

@@ -11,8 +11,8 @@ from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList,
 from transformers.generation.logits_process import RepetitionPenaltyLogitsProcessor
 
 from semverify import ModelDrafter, Sampler, SpeculativeSampling, generate
+from semverify.engine.loop import speculative_generate
 from semverify.generation_config import BOOKKEEPING, HONOURED, NEUTRAL
-from semverify.loop import speculative_generate
 from tests.helpers import byte_tokenizer, tiny_model
 
 TOK = byte_tokenizer()

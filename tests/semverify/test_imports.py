@@ -72,3 +72,12 @@ def test_no_import_cycle_among_the_package_modules():
 def test_the_cycle_finder_finds_a_cycle():
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_the_engine_imports_nothing_outside_it_but_types_and_stats():
+    files = sorted(ROOT.rglob("*.py"))
+    modules = {module_name(f) for f in files}
+    allowed = {"semverify.types", "semverify.stats", "semverify.engine"}
+    outside = {f"{module_name(f)} -> {dep}" for f in sorted((ROOT / "engine").glob("*.py"))
+               for dep in imported(f, modules) if not dep.startswith("semverify.engine.") and dep not in allowed}
+    assert not outside, f"the engine imports methods or loading: {sorted(outside)}"

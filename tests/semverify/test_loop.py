@@ -5,7 +5,7 @@ import torch
 
 from semverify import generate
 from semverify.drafters import ModelDrafter, PromptLookupDrafter
-from semverify.loop import speculative_generate
+from semverify.engine.loop import speculative_generate
 from semverify.registry import get_rule
 from tests.helpers import TINY_VOCAB, tiny_model
 

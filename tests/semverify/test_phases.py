@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from semverify.coupling import CoupledNoise
+from semverify.engine.coupling import CoupledNoise
 from semverify.methods import parse_method
 from semverify.phases import Phased, marker_ids
 from semverify.registry import RunContext, get_rule

@@ -12,14 +12,14 @@ import torch
 import semverify.relaxed as relaxed
 import semverify.rules as rules
 from semverify import NoDrafter, Sampler, generate, get_rule
-from semverify.coupling import CoupledNoise
-from semverify.loop import speculative_generate
+from semverify.engine.coupling import CoupledNoise
+from semverify.engine.loop import speculative_generate
+from semverify.engine.verification import verify_rows
 from semverify.methods import Method, get_method, parse_method
 from semverify.registry import RunContext, available_rules
 from semverify.relaxed import EnsembleVerification, MarginAwareVerification, RelaxedTopK, ThresholdAcceptance
 from semverify.rules import GreedyMatch, SpeculativeSampling, target_choices
 from semverify.types import Draft, Verdict, VerifyInput
-from semverify.verification import verify_rows
 from tests.helpers import check_verdict_bounds, tiny_model
 from tests.semverify.test_batch import left_padded
 

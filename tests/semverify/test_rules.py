@@ -10,9 +10,9 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from semverify.engine.sampling import sample_from
 from semverify.registry import available_rules, get_rule
 from semverify.rules import GreedyMatch, SpeculativeSampling, TypicalAcceptance, entropy
-from semverify.sampling import sample_from
 from semverify.types import Draft, Verdict, VerifyInput
 from tests.helpers import check_verdict_bounds
 

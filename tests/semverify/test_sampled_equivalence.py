@@ -11,7 +11,7 @@ import torch
 from scipy.stats import chisquare
 
 from semverify import ModelDrafter, ModelTreeDrafter, PromptLookupDrafter, Sampler, SpeculativeSampling, Verdict
-from semverify.loop import speculative_generate
+from semverify.engine.loop import speculative_generate
 from semverify.rules import prefix_mask
 from tests.helpers import tiny_model
 

@@ -7,7 +7,7 @@ import scipy.stats
 import torch
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
-from semverify.sampling import Sampler, sample_from
+from semverify.engine.sampling import Sampler, sample_from
 
 DRAWS = 50_000
 

@@ -7,9 +7,9 @@ import torch
 from transformers import DynamicCache
 
 from semverify import Draft, PromptLookupDrafter, generate, get_rule
-from semverify.cache import UnsupportedCacheError, new_cache
-from semverify.loop import speculative_generate
-from semverify.tree import (
+from semverify.engine.cache import UnsupportedCacheError, new_cache
+from semverify.engine.loop import speculative_generate
+from semverify.engine.tree import (
     ancestor_mask,
     depths,
     draft_from_sequences,

@@ -1,6 +1,6 @@
 """Splitting a batch's verification by draft length: the cheapest grouping under the position cost model."""
 
-from semverify.width_groups import width_groups
+from semverify.engine.width_groups import width_groups
 
 
 def test_one_long_draft_is_verified_apart_from_the_short_ones():

@@ -14,7 +14,7 @@ from semverify import Sampler, generate, get_rule
 from semverify.drafters import ModelDrafter, PromptLookupDrafter
 from semverify.easd import EntropyAwareRule, EntropyCalibration, find_calibration, make_easd
 from semverify.easd.calibrate import calibrate_entropy
-from semverify.loop import speculative_generate
+from semverify.engine.loop import speculative_generate
 from semverify.registry import RunContext
 from semverify.rules import SpeculativeSampling, entropy
 from semverify.types import Draft, VerifyInput

@@ -171,7 +171,7 @@ def test_step_int8_writes_steps_with_the_int8_draft_model():
 @pytest.mark.parametrize("name", list(reject_everything()))
 def test_rejecting_every_step_under_coupled_sampling_is_coupled_target_decoding(name):
     from semverify import NoDrafter, Sampler
-    from semverify.coupling import CoupledNoise
+    from semverify.engine.coupling import CoupledNoise
 
     rule = reject_everything()[name]
     target = tiny_model(0, arch="llama", vocab=len(TOK))
@@ -281,7 +281,7 @@ def test_a_batch_of_step_drafts_writes_what_each_row_writes_alone(name, first, v
 @pytest.mark.parametrize("context", [None, 2])  # noise keyed by position, or by the last two tokens
 def test_a_coupled_batch_rejecting_every_step_is_coupled_target_decoding(rounds, context):
     from semverify import NoDrafter
-    from semverify.coupling import CoupledNoise
+    from semverify.engine.coupling import CoupledNoise
 
     target, draft = tiny_model(0, arch="llama", vocab=len(TOK)), tiny_model(20, arch="llama", vocab=len(TOK))
     rows, ids, mask = step_batch()
@@ -322,7 +322,7 @@ def test_token_drafts_ride_along_with_step_drafts_and_rows_still_write_what_they
                                                                                              rounds):
     """Greedy or coupled: a row the target writes drafts on while other rows draft steps (beyond token_k),
     and the batch changes no row's output."""
-    from semverify.coupling import CoupledNoise
+    from semverify.engine.coupling import CoupledNoise
 
     rule = rider_rule()
     target = tiny_model(0, vocab=len(TOK), init_std=0.3)
@@ -351,7 +351,7 @@ def test_token_drafts_ride_along_with_step_drafts_and_rows_still_write_what_they
 @pytest.mark.parametrize(("draws", "rides"), [("greedy", True), ("coupled", True), ("torch", False)])
 def test_token_drafts_ride_only_where_draws_are_keyed_by_position(draws, rides):
     """Under torch streams extra draft draws would shift a row's later draws: there token drafts keep token_k."""
-    from semverify.coupling import CoupledNoise
+    from semverify.engine.coupling import CoupledNoise
 
     draft = tiny_model(0, vocab=len(TOK), init_std=0.3, layers=1)
     rows, _, _ = step_batch()

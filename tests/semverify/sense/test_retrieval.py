@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from semverify import generate, get_rule
-from semverify.loop import speculative_generate
+from semverify.engine.loop import speculative_generate
+from semverify.engine.tree import leaf_paths
 from semverify.sense.build import build_datastore, collect_states, describe
 from semverify.sense.datastore import SEPARATOR, Datastore, DatastoreError
 from semverify.sense.drafter import RetrievalDrafter
-from semverify.tree import leaf_paths
 from tests.helpers import byte_tokenizer, tiny_model
 
 ANSWERS = [
@@ -303,7 +303,7 @@ def test_optional_faiss_index_finds_the_same_neighbours(tiny_store):
 @pytest.mark.parametrize("context", [None, 2])  # noise keyed by position, or by the last two tokens
 def test_retrieval_drafting_under_coupled_sampling_equals_the_target_alone(tiny_store, tmp_path, context):
     from semverify import NoDrafter, Sampler
-    from semverify.coupling import CoupledNoise
+    from semverify.engine.coupling import CoupledNoise
 
     model, tok, _, _ = tiny_store
     prompt = tok.apply_chat_template([{"role": "user", "content": "Question 0"}], tokenize=False,

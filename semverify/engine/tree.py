@@ -14,8 +14,8 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
+from ..types import Draft
 from .architectures import UnsupportedCacheError
-from .types import Draft
 
 
 def depths(parents: torch.LongTensor) -> torch.LongTensor:
@@ -115,10 +115,10 @@ def rows_tree_positions(parents: torch.LongTensor, next_position: torch.LongTens
 def _check_movable(cache: DynamicCache) -> None:
     """Refuse caches whose entries cannot be moved between columns: only full `DynamicLayer`s can (a
     `DynamicSlidingWindowLayer` drops columns; quantized or recurrent layers). Caches from
-    `semverify.cache.new_cache` always pass, sliding-window models' included (their windows are masks)."""
+    `semverify.engine.cache.new_cache` always pass, sliding-window models' included (their windows are masks)."""
     for layer in cache.layers:
         if type(layer) is not DynamicLayer:
-            raise UnsupportedCacheError(f"tree drafts need full (non-dropping) cache layers, as semverify.cache."
+            raise UnsupportedCacheError(f"tree drafts need full (non-dropping) cache layers, as semverify.engine.cache."
                                         f"new_cache makes them; got {type(layer).__name__}")
 
 

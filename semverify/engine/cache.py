@@ -22,7 +22,7 @@ __all__ = ["RowCache", "RowSubset", "UnsupportedArchitectureError", "Unsupported
 def new_cache(model: PreTrainedModel, role: str = "model") -> DynamicCache:
     """An empty DynamicCache for ``model`` with a full cache layer (`DynamicLayer`) for every attention layer,
     sliding-window and chunked ones included; a model the loop cannot serve (recurrent, linear or compressed
-    layers, see `semverify.architectures`) is refused here, before decoding, with the reason.
+    layers, see `semverify.engine.architectures`) is refused here, before decoding, with the reason.
 
     transformers' ``DynamicCache(config=...)`` gives a sliding layer a `DynamicSlidingWindowLayer`, which drops
     keys by column count: with holes (a batch's rejected tokens) it would drop keys still inside a row's window,
@@ -65,7 +65,7 @@ class RowCache:
 
     Every layer keeps a full cache (`new_cache`), sliding-window ones too. Where a row has holes or padding
     and some layer sees only a window, or for a token tree, the forward gets masks built here, on the device,
-    from each row's real columns and positions, one per layer type (`semverify.architectures.Layout`);
+    from each row's real columns and positions, one per layer type (`semverify.engine.architectures.Layout`);
     otherwise transformers builds them, from the 2-D mask where a column is masked.
     """
 
@@ -88,7 +88,7 @@ class RowCache:
                parents: torch.LongTensor | None = None) -> dict:
         """Forward arguments for new columns ``tokens`` [B, W] (``token_valid``: which of them are real): the ids,
         the cache, and, when any column is masked, the mask and per-row positions. ``parents`` [B, n]: the last n
-        columns are each row's token tree (`semverify.tree`), the columns before them uncached context whose
+        columns are each row's token tree (`semverify.engine.tree`), the columns before them uncached context whose
         last real one is the root; every node is then masked and placed as if its branch were alone."""
         tokens = tokens.to(self.device)
         token_valid = torch.ones_like(tokens, dtype=torch.bool) if token_valid is None else token_valid.to(self.device)

@@ -1,6 +1,6 @@
 """Verification: a rule judges each row of a batch, each path of a tree, or a sampled tree sibling by sibling.
 
-Kept apart from `semverify.tree` (tree geometry: masks, positions, cache compaction) and from the
+Kept apart from `semverify.engine.tree` (tree geometry: masks, positions, cache compaction) and from the
 rules themselves, so that rules build on it and nothing here imports a rule.
 """
 
@@ -11,10 +11,10 @@ from functools import cached_property
 
 import torch
 
+from ..types import Draft, Judge, Verdict, VerifyInput
 from .coupling import CoupledRows, is_coupled
 from .sampling import sample_from, uniform
 from .tree import leaf_paths
-from .types import Draft, Judge, Verdict, VerifyInput
 
 
 def verify_rows(rule: Judge, x: VerifyInput) -> tuple[list[list[int]], Verdict]:
