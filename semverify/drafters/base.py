@@ -14,9 +14,9 @@ class BaseDrafter:
     """No-op ``reset``, ``commit`` and ``feedback``: a drafter overrides what it needs.
 
     ``batching`` declares how it serves a batch: ``"rows"``, it drafts every row itself (it implements
-    `semverify.engine.drafting.RowDrafter`, as the draft model and the step drafter do); ``"copies"``, one copy per row
-    (``copy.copy``; per-sequence state: prompt lookup, retrieval, draft trees, hybrid); ``"single"``, one
-    sequence only (a user's drafter that cannot be copied).
+    `semverify.engine.drafting.RowDrafter`, as the draft model's chains and trees and the step drafter do);
+    ``"copies"``, one copy per row (``copy.copy``; per-sequence state: prompt lookup, retrieval, hybrid);
+    ``"single"``, one sequence only (a user's drafter that cannot be copied).
     """
 
     gives_probs = False

@@ -9,7 +9,7 @@ import torch
 from transformers import PreTrainedModel
 
 from ..engine.cache import RowCache, RowSubset
-from ..engine.sampling import Sampler, sample_from
+from ..engine.sampling import Sampler, sample_rows
 from ..planner import DraftPlanner
 from ..rules import entropy
 from ..types import Draft, StepOutcome, eos_ids
@@ -36,6 +36,16 @@ def widened(buffer: torch.Tensor | None, row: torch.Tensor, width: int, most: in
     if buffer is not None:
         grown[:, : buffer.shape[1]] = buffer
     return grown
+
+
+def draw(logits: torch.Tensor, q: torch.Tensor, sampler: Sampler, generators: list, lengths: list[int],
+         tokens: torch.LongTensor, active: list[int]) -> torch.LongTensor:
+    """The next draft token of each ``active`` row: the argmax, or a draw from ``q`` at the row's draft position
+    from its own stream (the rows' coupled noise in one batched draw)."""
+    if not sampler.do_sample:
+        return logits[active].argmax(dim=-1)
+    return sample_rows(q[active], [generators[row] for row in active], [lengths[row] for row in active],
+                       tokens[active])
 
 
 class ModelDrafter(BaseDrafter):
@@ -139,6 +149,12 @@ class ModelDrafter(BaseDrafter):
         for row, p in enumerate(pending):
             feed[row, width - len(p) :], valid[row, width - len(p) :] = p, True
         drafting = [k > n for k, n in zip(ks, lengths)]
+        scratch = base = None  # with logits processors: each row's sequence, then its draft, written as drawn
+        if sampler.processors is not None:
+            base = torch.tensor([len(seq) for seq in sequences], device=device)
+            scratch = torch.zeros(batch, int(base.max()) + most, dtype=torch.long, device=device)
+            for row, seq in enumerate(sequences):
+                scratch[row, : len(seq) + lengths[row]] = torch.cat([seq, tokens[row, : lengths[row]]])
         probs = hidden = None  # [B, <= most, V] and [B, <= most, H], filled per row at its own positions
         narrowed = None  # on a CPU, once a quarter of the rows fed have stopped, only rows still drafting are fed
         for j in range(most):
@@ -154,30 +170,27 @@ class ModelDrafter(BaseDrafter):
             fed.extend(valid)
             self.fed = [n + v for n, v in zip(self.fed, valid.sum(-1).tolist())]
             logits = out.logits[:, -1] if narrowed is None else narrowed.spread(out.logits[:, -1])
-            prefixes = None if sampler.processors is None else [  # logits processors see each row's prefix
-                torch.cat([seq, tokens[row, : lengths[row]]]) for row, seq in enumerate(sequences)]
-            q = sampler.probs(logits, prefixes)
+            q = sampler.probs(logits, None if scratch is None else [  # logits processors see each row's prefix
+                scratch[row, : len(seq) + lengths[row]] for row, seq in enumerate(sequences)])
             room = max(lengths[row] for row in active) + 1
             probs = widened(probs, q, room, most)
             if keep_hidden:
                 last = out.hidden_states[-1][:, -1]
                 last = last if narrowed is None else narrowed.spread(last)
                 hidden = widened(hidden, last, room, most)
-            for row in active:  # each row draws from its own stream, at its own draft position
-                n = lengths[row]
-                token = (sample_from(q[row : row + 1], generators[row], positions=n,
-                                                 tokens=tokens[row, :n])[0] if sampler.do_sample
-                         else logits[row].argmax())
-                tokens[row, n], probs[row, n] = token, q[row]
-                if keep_hidden:
-                    hidden[row, n] = last[row]
-                lengths[row] = n + 1
-                row_tokens = tokens[row, : n + 1].tolist()
-                drafting[row] = not (lengths[row] == caps[row] or int(token) in self.eos
-                                     or (stops[row] is not None and stops[row](row_tokens))
-                                     or (self.confidence_threshold is not None
-                                         and float(q[row].max()) < self.confidence_threshold)
-                                     or (self.entropy_stop is not None and float(entropy(q[row])) > self.entropy_stop))
+            drawn = draw(logits, q, sampler, generators, lengths, tokens, active)
+            index = torch.tensor(active, device=device)
+            at = torch.tensor([lengths[row] for row in active], device=device)
+            tokens[index, at], probs[index, at] = drawn, q[index]
+            if keep_hidden:
+                hidden[index, at] = last[index]
+            if scratch is not None:
+                scratch[index, base[index] + at] = drawn
+            ends = self._ends(drawn, q[index]).tolist()  # one read of the rows' stop tests
+            for row, end in zip(active, ends):
+                lengths[row] += 1
+                drafting[row] = not (end or lengths[row] == caps[row] or (
+                    stops[row] is not None and stops[row](tokens[row, : lengths[row]].tolist())))
             owing = [d and n < k for d, n, k in zip(drafting, lengths, ks)]  # rows short of their own draft
             if not any(owing) or (rounds is not None and j + 1 >= rounds and not all(owing)):
                 break  # only rows riding along are left, or rows that owe more wait for the next call
@@ -187,6 +200,16 @@ class ModelDrafter(BaseDrafter):
         if narrowed is not None:
             narrowed.close()
         return self._finish(tokens, probs, hidden, lengths, owing, keep_hidden)
+
+    def _ends(self, drawn: torch.LongTensor, q: torch.Tensor) -> torch.BoolTensor:
+        """Which rows' drafts end at their ``drawn`` tokens (drawn from ``q`` [A, V]): an end-of-sequence token,
+        a top probability below ``confidence_threshold``, an entropy above ``entropy_stop``."""
+        end = torch.isin(drawn, torch.tensor(sorted(self.eos), dtype=torch.long, device=drawn.device))
+        if self.confidence_threshold is not None:
+            end |= q.max(dim=-1).values < self.confidence_threshold
+        if self.entropy_stop is not None:
+            end |= entropy(q) > self.entropy_stop
+        return end
 
     def _finish(self, tokens: torch.LongTensor, probs: torch.Tensor, hidden: torch.Tensor | None, lengths: list[int],
                 waiting: list[bool], keep_hidden: bool) -> tuple[Draft, torch.Tensor | None]:

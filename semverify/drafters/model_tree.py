@@ -1,37 +1,80 @@
 """A draft model that proposes a token tree: where the draft is unsure it keeps its runner-up tokens too
 (SpecInfer, Sequoia and EAGLE-2 do the same), and the target verifies every branch in one forward.
 
-The tree grows one depth at a time: the nodes of a new depth go through the draft model in one forward
-under a tree mask (each node sees the sequence and its own ancestors), within a node budget. Where a
-verification forward over 24 tokens costs little more than over 1 (a memory-bound device), the
-alternatives buy accepted length almost for free. Greedy decoding: the target's greedy path through
-the tree is what plain decoding writes. Sampling: the tree is chosen without the target's draws, so
-speculative sampling over it sibling by sibling is exact (`semverify.engine.verification.sample_tree`).
+The trees of all rows grow together, one depth at a time: the nodes of a new depth, in every row, go through
+the draft model in one forward over one batched cache (each node sees its row's sequence and its own
+ancestors), within a node budget per row. Where a verification forward over 24 tokens costs little more than
+over 1 (a memory-bound device), the alternatives buy accepted length almost for free. Greedy decoding: the
+target's greedy path through the tree is what plain decoding writes. Sampling: the tree is chosen without
+the target's draws, so speculative sampling over it sibling by sibling is exact
+(`semverify.engine.verification.sample_tree`).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 
 import torch
 from transformers import PreTrainedModel
 
-from ..engine.architectures import layout
-from ..engine.cache import keep_first, new_cache
+from ..engine.cache import RowCache
+from ..engine.drafting import pad_drafts
+from ..engine.rows import left_pad
 from ..engine.sampling import Sampler
-from ..engine.tree import ancestor_mask, depths, keep_path
+from ..engine.tree import keep_paths
 from ..types import Draft, eos_ids
 from .base import BaseDrafter
 
 
+@dataclass
+class Tree:
+    """One row's tree as it grows: tokens, parents (-1: the root), path log-probabilities, and the cache column
+    (from the step's first tree column) of each node fed to the draft model (None: not fed)."""
+
+    tokens: list[int] = field(default_factory=list)
+    parents: list[int] = field(default_factory=list)
+    logps: list[float] = field(default_factory=list)
+    columns: list[int | None] = field(default_factory=list)
+
+    def draft(self, device: torch.device) -> Draft:
+        """The tree as a one-row draft (a chain when it never branched)."""
+        if not self.tokens:
+            return Draft.empty(1, device)
+        ids = torch.tensor([self.tokens], device=device)
+        if self.parents == list(range(-1, len(self.tokens) - 1)):
+            return Draft(ids)
+        return Draft(ids, parents=torch.tensor(self.parents, dtype=torch.long))
+
+    def fed_path(self, tokens: list[int]) -> list[int]:
+        """The columns of the fed nodes along the path that ``tokens`` (the row's new tokens) walk from the root
+        (each path's tokens are unique: a trie)."""
+        path, node = [], -1
+        for token in tokens:
+            node = next((i for i in range(len(self.tokens)) if self.parents[i] == node and self.tokens[i] == token),
+                        None)
+            if node is None or self.columns[node] is None:
+                break
+            path.append(self.columns[node])
+        return path
+
+    def ancestors(self, node: int) -> list[int]:
+        """The columns of ``node``'s ancestors (all fed: a node is only fed after its parent)."""
+        out = []
+        while self.parents[node] >= 0:
+            node = self.parents[node]
+            out.append(self.columns[node])
+        return out
+
+
 class ModelTreeDrafter(BaseDrafter):
-    """Trees of up to ``budget`` draft tokens and depth k: every node gets the draft's top token as a child,
-    and its next ``branch - 1`` tokens too when the top token's probability is below ``threshold``.
+    """Trees of up to ``budget`` draft tokens and depth k per row: every node gets the draft's top token as a
+    child, and its next ``branch - 1`` tokens too when the top token's probability is below ``threshold``.
     Parents are served in the order of their path probability, so the budget goes to the likeliest
     branches; a branch ends at an end-of-sequence token."""
 
     gives_probs = False  # deterministic proposals: the target tests each token against p alone
-    batching = "copies"  # a batch drafts one tree per row, each copy with its own draft cache
+    batching = "rows"  # one draft cache serves every row; a depth of every row's tree is one forward
 
     def __init__(self, model: PreTrainedModel, budget: int = 24, branch: int = 2, threshold: float = 0.6,
                  eos_token_id: int | list[int] | None = None) -> None:
@@ -41,86 +84,131 @@ class ModelTreeDrafter(BaseDrafter):
         if eos_token_id is None:
             eos_token_id = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
         self.eos = set(eos_ids(eos_token_id))
-        self.cache, self.fed, self._tree = None, 0, None
-        self.layout = None  # the draft model's attention layout (windows, mask format), set at reset
+        self.rows: RowCache | None = None
+        self.fed: list[int] = []  # tokens of each row's sequence held, in order, in the cache
+        self.trees: list[Tree] = []  # each row's last tree
+        self.start = 0  # the cache column where the last trees' nodes begin
 
     def reset(self, input_ids: torch.LongTensor) -> None:
-        self.cache = new_cache(self.model, role="draft model")
-        self.layout = layout(self.model)
-        self.fed = 0  # tokens of the sequence held, in order, at the start of the cache
-        self._tree: tuple[list[int], list[int], int] | None = None  # last tree: tokens, parents, nodes cached
+        self.reset_rows([input_ids[0]])
+
+    def reset_rows(self, prompts: list[torch.LongTensor]) -> None:
+        self.rows = RowCache(self.model, len(prompts), role="draft model")
+        self.fed, self.trees, self.start = [0] * len(prompts), [Tree() for _ in prompts], 0
+
+    def propose(self, input_ids: torch.LongTensor, k: int, sampler: Sampler, generator=None) -> Draft:
+        return self.propose_rows([input_ids[0]], [k], sampler, [generator])
 
     @torch.inference_mode()
-    def propose(self, input_ids: torch.LongTensor, k: int, sampler: Sampler, generator=None) -> Draft:
-        seq = input_ids[0]
-        self._keep_accepted(seq)
-        out = self.model(input_ids=seq[None, self.fed :], cache=self.cache, use_cache=True, logits_to_keep=1)
-        self.fed = len(seq)
-        tokens, parents = [], []
-        frontier = [(-1, 0.0, out.logits[0, -1].float())]  # (node, path log-probability, its next-token logits)
-        cached = 0
-        for depth in range(1, k + 1):
-            children = self._children(frontier, self.budget - len(tokens))
-            if not children:
+    def propose_rows(self, sequences: list[torch.LongTensor], ks: list[int], sampler: Sampler,
+                     generators: list) -> Draft:
+        """Each row's tree of depth at most ``ks[b]``: the row's unseen tokens in one forward for all rows, then one
+        forward per depth for the nodes of every row that grows on."""
+        self._keep_accepted(sequences)
+        feed, valid = left_pad([seq[fed:] for seq, fed in zip(sequences, self.fed)])
+        out = self.model(**self.rows.inputs(feed, valid), logits_to_keep=1)
+        self.rows.extend(valid)
+        self.fed, self.start = [len(seq) for seq in sequences], self.rows.length
+        self.trees = [Tree() for _ in sequences]
+        frontier = [(row, -1) for row, k in enumerate(ks) if k > 0]  # (row, node) whose children come next
+        logits = out.logits[[row for row, _ in frontier], -1]
+        for depth in range(1, max(ks, default=0) + 1):
+            children = self._grow(frontier, logits)
+            frontier = [(row, node) for row, node in children if self.trees[row].tokens[node] not in self.eos
+                        and depth < ks[row] and len(self.trees[row].tokens) < self.budget]
+            if not frontier:
                 break
-            first = len(tokens)
-            tokens += [token for _, token, _ in children]
-            parents += [parent for parent, _, _ in children]
-            if depth == k or len(tokens) >= self.budget:
-                break
-            logits = self._forward(tokens, parents, first, input_ids.device)
-            cached = len(tokens)
-            frontier = [(first + j, logp, logits[j]) for j, (_, token, logp) in enumerate(children)
-                        if token not in self.eos]
-        self._tree = (tokens, parents, cached)
-        if not tokens:
-            return Draft.empty(1, input_ids.device)
-        ids = torch.tensor([tokens], device=input_ids.device)
-        if parents == list(range(-1, len(tokens) - 1)):
-            return Draft(ids)
-        return Draft(ids, parents=torch.tensor(parents, dtype=torch.long))
+            logits = self._forward(frontier, depth)
+        drafts = [tree.draft(sequences[0].device) for tree in self.trees]
+        return drafts[0] if len(drafts) == 1 else pad_drafts(drafts)
 
-    def _children(self, frontier: list, room: int) -> list[tuple[int, int, float]]:
-        """(parent, token, path log-probability) of the next depth's nodes: likeliest parents first, at most
-        ``room`` of them."""
-        children = []
-        for node, logp, logits in sorted(frontier, key=lambda f: -f[1]):
-            top = logits.softmax(-1).topk(self.branch)
-            width = self.branch if float(top.values[0]) < self.threshold else 1
-            for p, token in zip(top.values[:width].tolist(), top.indices[:width].tolist()):
-                if len(children) == room:
-                    return children
-                children.append((node, token, logp + math.log(max(p, 1e-30))))
-        return children
+    def _grow(self, frontier: list[tuple[int, int]], logits: torch.Tensor) -> list[tuple[int, int]]:
+        """Add the next depth's nodes to each row's tree from its ``frontier`` nodes' next-token ``logits``
+        (one read of every node's top tokens): likeliest parents first, within the row's budget. Returns the
+        new (row, node) pairs."""
+        top = logits.float().softmax(-1).topk(self.branch)
+        values, indices = top.values.tolist(), top.indices.tolist()
+        order = sorted(range(len(frontier)), key=lambda i: (frontier[i][0], -self._logp(*frontier[i])))
+        added = []
+        for i in order:
+            row, node = frontier[i]
+            tree = self.trees[row]
+            width = self.branch if values[i][0] < self.threshold else 1
+            for p, token in zip(values[i][:width], indices[i][:width]):
+                if len(tree.tokens) == self.budget:
+                    break
+                tree.tokens.append(token)
+                tree.parents.append(node)
+                tree.logps.append(self._logp(row, node) + math.log(max(p, 1e-30)))
+                tree.columns.append(None)
+                added.append((row, len(tree.tokens) - 1))
+        return added
 
-    def _forward(self, tokens: list[int], parents: list[int], first: int, device) -> torch.Tensor:
-        """The draft's next-token logits [m, V] at the nodes ``first..``, fed in one forward: node i sits at
-        cache column fed + i, and sees the sequence and its ancestors (the nodes before ``first`` are cached),
-        within each layer's window of positions."""
-        tree = torch.tensor(parents, dtype=torch.long)
-        seen = torch.cat([torch.ones(len(tokens) - first, self.fed, dtype=torch.bool), ancestor_mask(tree)[first:]],
-                         dim=1)
-        node_positions = self.fed - 1 + depths(tree)
-        keys = torch.cat([torch.arange(self.fed), node_positions])
-        mask = self.layout.masks(seen[None].to(device), node_positions[None, first:].to(device), keys[None].to(device))
-        out = self.model(input_ids=torch.tensor([tokens[first:]], device=device), cache=self.cache, use_cache=True,
-                         attention_mask=mask, position_ids=node_positions[None, first:].to(device))
-        return out.logits[0].float()
+    def _logp(self, row: int, node: int) -> float:
+        return 0.0 if node < 0 else self.trees[row].logps[node]
 
-    def _keep_accepted(self, seq: torch.LongTensor) -> None:
-        """Roll the cache back to the sequence and the cached nodes of the path the target accepted, found
-        by walking the last tree along the sequence's new tokens (each path's tokens are unique: a trie)."""
-        if self._tree is None:
+    def _forward(self, nodes: list[tuple[int, int]], depth: int) -> torch.Tensor:
+        """The draft's next-token logits [len(nodes), V] at ``nodes`` (all at ``depth``), fed in one forward: each
+        row's nodes left-aligned in new columns, each seeing its row's sequence and its ancestors, placed at the
+        root's position + ``depth``, within each layer's window of positions."""
+        batch, device = len(self.trees), self.rows.device
+        slots = [0] * batch
+        placed = []
+        for row, _ in nodes:
+            placed.append((row, slots[row]))
+            slots[row] += 1
+        width, length = max(slots), self.rows.length
+        positions = torch.tensor(self.fed, device=device)[:, None] - 1 + depth
+        keys = torch.cat([self.rows.positions(), positions.expand(-1, width)], dim=1)
+        keys[:, self.start : length] = self._node_positions(length)  # the nodes cached at earlier depths
+        tokens = torch.zeros(batch, width, dtype=torch.long)
+        valid = torch.zeros(batch, width, dtype=torch.bool)
+        seen = self.rows.valid.cpu().clone()
+        seen[:, self.start :] = False  # earlier depths' nodes: only a node's own ancestors
+        allowed = torch.cat([seen[:, None, :].expand(-1, width, -1), torch.eye(width, dtype=torch.bool)[None].expand(
+            batch, -1, -1)], dim=2).clone()
+        for (row, node), (_, slot) in zip(nodes, placed):
+            tree = self.trees[row]
+            tokens[row, slot], valid[row, slot] = tree.tokens[node], True
+            allowed[row, slot, [self.start + c for c in tree.ancestors(node)]] = True
+            tree.columns[node] = length - self.start + slot
+        mask = self.rows.layout.masks(allowed.to(device), positions.expand(-1, width), keys)
+        out = self.model(input_ids=tokens.to(device), cache=self.rows.cache, use_cache=True, attention_mask=mask,
+                         position_ids=positions.expand(-1, width))
+        self.rows.extend(valid)
+        return out.logits[[row for row, _ in placed], [slot for _, slot in placed]]
+
+    def _node_positions(self, length: int) -> torch.LongTensor:
+        """[B, length - start] the position of each cached tree column (its row's root position + the node's
+        depth; unused columns: the root's)."""
+        out = torch.tensor(self.fed)[:, None].repeat(1, length - self.start) - 1
+        for row, tree in enumerate(self.trees):
+            for node, column in enumerate(tree.columns):
+                if column is not None:
+                    out[row, column] += 1 + len(tree.ancestors(node))
+        return out.to(self.rows.device)
+
+    def _keep_accepted(self, sequences: list[torch.LongTensor]) -> None:
+        """Roll each row's cache back to its sequence and the fed nodes of the path the target accepted (moved to
+        the front of the tree's columns; every other tree column becomes a hole)."""
+        if self.rows.length == self.start:
             return
-        tokens, parents, cached = self._tree
-        path, node = [], -1
-        for token in seq[self.fed :].tolist():
-            node = next((i for i in range(len(tokens)) if parents[i] == node and tokens[i] == token), None)
-            if node is None:
-                break
-            path.append(node)
-        kept = [i for i in path if i < cached]
-        keep_path(self.cache, self.fed, kept)
-        keep_first(self.cache, self.fed + len(kept))
-        self.fed += len(kept)
-        self._tree = None
+        paths = [tree.fed_path(seq[fed:].tolist()) for tree, seq, fed in zip(self.trees, sequences, self.fed)]
+        keep_paths(self.rows.cache, self.start, paths)
+        width = self.rows.length - self.start
+        self.rows.keep(torch.arange(width)[None, :] < torch.tensor([len(p) for p in paths])[:, None])
+        self.fed = [fed + len(path) for fed, path in zip(self.fed, paths)]
+        self.start = self.rows.length
+
+    def commit_rows(self, accepted: list[int | None], next_tokens: torch.LongTensor, target_hidden=None) -> None:
+        pass  # the next draft rolls each row back, walking its tree along the tokens the loop kept
+
+    def feedback_rows(self, outcomes: list) -> None:
+        pass
+
+    def keep_rows(self, rows: list[int]) -> None:
+        """Only ``rows`` draft on. The last trees' columns are dropped first (their accepted nodes are fed again
+        at the next draft): leaving rows may repack the cache, which would move those columns."""
+        self.rows.keep(torch.zeros(1, self.rows.length - self.start, dtype=torch.bool))
+        self.rows.select(torch.tensor(rows, dtype=torch.long))
+        self.fed, self.trees, self.start = [self.fed[i] for i in rows], [Tree() for _ in rows], self.rows.length

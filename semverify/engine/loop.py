@@ -20,9 +20,9 @@ from ..types import Draft, Judge, Verdict, VerifyInput, eos_ids
 from .cache import RowCache, keep_first
 from .clock import device_clock
 from .drafting import Drafter, RowDrafter, row_drafter
-from .rows import Emitted, Rows, to_host
+from .rows import Emitted, Rows, left_pad, to_host
 from .sampling import Generators, Sampler
-from .tree import depths, keep_path
+from .tree import depths, keep_paths
 from .verification import verify_rows
 from .width_groups import grouped_forward, width_groups
 
@@ -188,16 +188,6 @@ def spread(values: list, ready: list[int], batch: int, fill=None) -> list:
     return out
 
 
-def left_pad(tokens: list[torch.LongTensor]) -> tuple[torch.LongTensor, torch.BoolTensor]:
-    """Rows of different lengths as one left-padded [B, W] batch, and which columns are real."""
-    width = max((len(t) for t in tokens), default=0)
-    out = torch.zeros(len(tokens), width, dtype=torch.long, device=tokens[0].device if tokens else None)
-    valid = torch.zeros(len(tokens), width, dtype=torch.bool, device=out.device)
-    for row, t in enumerate(tokens):
-        out[row, width - len(t) :], valid[row, width - len(t) :] = t, True
-    return out, valid
-
-
 def path_hidden(hidden: torch.Tensor | None, paths: list[list[int]]) -> list[torch.Tensor | None]:
     """Each row's target hidden states at the positions it kept: the root, then its judged path."""
     return [None if hidden is None else hidden[i : i + 1, [0, *(j + 1 for j in path)]] for i, path in enumerate(paths)]
@@ -238,8 +228,7 @@ def commit_cache(cache: RowCache, start: int, pending: int, draft: Draft, paths:
     """Keep in each row the unseen tokens and its accepted draft tokens (a tree's accepted path is moved
     into place first); every other new column becomes a hole, or is cropped."""
     if draft.branches:
-        for row, (path, n) in enumerate(zip(paths, accepted)):
-            keep_path(cache.cache, start, path[:n], row=None if len(paths) == 1 else row)
+        keep_paths(cache.cache, start, [path[:n] for path, n in zip(paths, accepted)])
     kept = torch.arange(draft.length)[None, :] < torch.tensor(accepted)[:, None]
     cache.keep(torch.cat([torch.ones(len(accepted), pending, dtype=torch.bool), kept], dim=1))
 

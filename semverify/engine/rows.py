@@ -167,3 +167,13 @@ def _row(verdict: Verdict, row: int) -> Verdict:
                    {k: v[row : row + 1] for k, v in verdict.reasons.items()},
                    {k: v[row : row + 1] for k, v in verdict.scores.items() if not bool(v[row].isnan())},
                    None if verdict.target_tokens is None else verdict.target_tokens[row : row + 1])
+
+
+def left_pad(tokens: list[torch.LongTensor]) -> tuple[torch.LongTensor, torch.BoolTensor]:
+    """Rows of different lengths as one left-padded [B, W] batch, and which columns are real."""
+    width = max((len(t) for t in tokens), default=0)
+    out = torch.zeros(len(tokens), width, dtype=torch.long, device=tokens[0].device if tokens else None)
+    valid = torch.zeros(len(tokens), width, dtype=torch.bool, device=out.device)
+    for row, t in enumerate(tokens):
+        out[row, width - len(t) :], valid[row, width - len(t) :] = t, True
+    return out, valid

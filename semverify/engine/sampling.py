@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from .coupling import TARGET_STREAM, CoupledNoise, is_coupled
+from .coupling import TARGET_STREAM, CoupledNoise, CoupledRows, is_coupled
 
 
 @dataclass(frozen=True)
@@ -69,9 +69,9 @@ class Sampler:
         logits = logits.float()[:, None] if flat else logits.float()
         out = torch.empty_like(logits)
         for row, (processors, prefix) in enumerate(zip(self.processors, prefixes)):
-            for i in range(logits.shape[1]):
-                ids = prefix if i == 0 else torch.cat([prefix, following[row, :i]])
-                out[row, i] = processors(ids[None], logits[row, i][None].clone())[0]
+            ids = prefix if logits.shape[1] == 1 else torch.cat([prefix, following[row, : logits.shape[1] - 1]])
+            for i in range(logits.shape[1]):  # position i sees a view of the row's ids: one copy per row
+                out[row, i] = processors(ids[None, : len(prefix) + i], logits[row, i][None].clone())[0]
         return out[:, 0] if flat else out
 
     def rows(self, keep: Sequence[int]) -> "Sampler":
@@ -106,6 +106,17 @@ def sample_from(probs: torch.Tensor, generator: Generators = None, positions=Non
         return torch.stack([sample_from(p, g) for p, g in zip(probs, generator)])
     flat = probs.reshape(-1, probs.shape[-1])
     return torch.multinomial(flat, 1, generator=generator).reshape(probs.shape[:-1])
+
+
+def sample_rows(probs: torch.Tensor, generators: Sequence, positions: Sequence[int],
+                tokens: torch.LongTensor) -> torch.LongTensor:
+    """One draw per row of [B, V] ``probs``: row b from ``generators[b]`` at its relative output position
+    ``positions[b]``, after its step tokens ``tokens[b, :positions[b]]`` (context keys). Coupled noise keyed by
+    position draws every row in one batched Gumbel-max; torch streams and context keys draw row by row."""
+    if generators and all(is_coupled(g) and g.context is None for g in generators):
+        return CoupledRows(generators).choose(torch.log(probs.float()), torch.tensor(positions))
+    return torch.stack([sample_from(probs[row : row + 1], g, positions=n, tokens=tokens[row, :n])[0]
+                        for row, (g, n) in enumerate(zip(generators, positions))])
 
 
 def uniform(shape: tuple[int, ...], generator: Generators = None,

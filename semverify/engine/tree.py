@@ -122,23 +122,25 @@ def _check_movable(cache: DynamicCache) -> None:
                                         f"new_cache makes them; got {type(layer).__name__}")
 
 
-def keep_path(cache: DynamicCache, start: int, nodes: list[int], row: int | None = None) -> None:
-    """Move the cache entries of tree ``nodes`` (stored at start + node) to start, start+1, ..., in every
-    row of the cache or in ``row`` alone.
-
-    The caller then crops the cache; entries of rejected branches are overwritten or cut off.
-    """
-    if nodes == list(range(len(nodes))):  # a chain's accepted prefix is already in place
+def keep_paths(cache: DynamicCache, start: int, paths: list[list[int]]) -> None:
+    """Move each row's kept tree nodes ``paths[b]`` (stored at start + node) to start, start+1, ..., in every row
+    of a batched ``cache`` at once (one gather per layer); the caller then crops or masks what follows. A chain's
+    accepted prefix is already in place."""
+    if all(path == list(range(len(path))) for path in paths):
         return
     _check_movable(cache)
-    rows = slice(None) if row is None else slice(row, row + 1)
+    width = max(max(path, default=-1) + 1 for path in paths)
+    source = torch.arange(width).repeat(len(paths), 1)
+    for row, path in enumerate(paths):
+        source[row, : len(path)] = torch.tensor(path, dtype=torch.long)
     for layer in cache.layers:
         if layer.keys is None or not layer.keys.numel():
             continue
-        src = (torch.tensor(nodes) + start).to(layer.keys.device)
-        dst = (torch.arange(len(nodes)) + start).to(layer.keys.device)
-        layer.keys[rows, :, dst] = layer.keys[rows, :, src]
-        layer.values[rows, :, dst] = layer.values[rows, :, src]
+        index = (source + start).to(layer.keys.device)[:, None, :, None]
+        for name in ("keys", "values"):
+            tensor = getattr(layer, name)
+            moved = tensor.gather(2, index.expand(-1, tensor.shape[1], -1, tensor.shape[3]))
+            tensor[:, :, start : start + width] = moved
 
 
 def merge_sequences(sequences: list[list[int]]) -> tuple[list[int], list[int]]:

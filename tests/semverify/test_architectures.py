@@ -236,7 +236,7 @@ MORE = {
 @pytest.mark.parametrize("family", SUBSET)
 def test_more_drafters_on_a_padded_batch_past_the_window_equal_transformers(family, drafting, tmp_path,
                                                                              monkeypatch):
-    from semverify import width_groups
+    from semverify.engine import width_groups
 
     monkeypatch.setattr(width_groups, "FORWARD_OVERHEAD", 0)  # rows of different draft lengths verified apart
     _, draft = pair(family)

@@ -38,7 +38,8 @@ def test_a_tree_of_the_target_itself_accepts_whole_paths_and_keeps_its_cache_in_
                                       max_new_tokens=30)
     assert torch.equal(out, target.generate(ids, do_sample=False, max_new_tokens=30))
     assert stats.accept_lengths[:5] == [4] * 5  # the argmax path is always in the tree, to its full depth
-    assert drafter.fed <= out.shape[1]  # the cache rolls back to the accepted path at the next draft
+    assert drafter.fed[0] <= out.shape[1]  # the cache rolls back to the accepted path at the next draft
+    assert drafter.rows.length <= drafter.fed[0] + drafter.budget  # no more than the last tree beyond it
     # sampled: a node is kept with the target's probability of its token, so at a low temperature a tree of
     # the target itself still gives long paths
     g = torch.Generator().manual_seed(0)

@@ -13,7 +13,7 @@ from semverify.engine.tree import (
     ancestor_mask,
     depths,
     draft_from_sequences,
-    keep_path,
+    keep_paths,
     leaf_paths,
     merge_sequences,
     tree_attention_mask,
@@ -88,13 +88,13 @@ def test_tree_logits_equal_branch_by_branch_logits(arch, past):
             assert torch.allclose(out[rows], alone[-(len(path) + 1):], atol=1e-5), path
 
 
-def test_keep_path_moves_the_chosen_branch_and_refuses_dropping_caches():
+def test_keep_paths_moves_the_chosen_branch_and_refuses_dropping_caches():
     model = tiny_model(0)
     cache = new_cache(model)
     with torch.inference_mode():
         model(input_ids=torch.arange(10)[None], cache=cache, use_cache=True)
         before = cache.layers[0].keys.clone()
-        keep_path(cache, 4, [2, 5])
+        keep_paths(cache, 4, [[2, 5]])
     after = cache.layers[0].keys
     assert torch.equal(after[:, :, 4], before[:, :, 6]) and torch.equal(after[:, :, 5], before[:, :, 9])
     assert torch.equal(after[:, :, :4], before[:, :, :4])
@@ -105,14 +105,27 @@ def test_keep_path_moves_the_chosen_branch_and_refuses_dropping_caches():
     with torch.inference_mode():
         sliding(input_ids=torch.arange(10)[None], cache=cache, use_cache=True)
         before = cache.layers[0].keys.clone()
-        keep_path(cache, 4, [2, 5])
+        keep_paths(cache, 4, [[2, 5]])
     assert torch.equal(cache.layers[0].keys[:, :, 5], before[:, :, 9])
     # transformers' own sliding layers drop columns: a path cannot be moved in them
     dropping = DynamicCache(config=sliding.config)
     with torch.inference_mode(), pytest.raises(UnsupportedCacheError, match="full"):
         sliding(input_ids=torch.arange(10)[None], cache=dropping, use_cache=True)
-        keep_path(dropping, 4, [2, 5])
+        keep_paths(dropping, 4, [[2, 5]])
 
+
+
+def test_keep_paths_moves_each_rows_own_branch():
+    model = tiny_model(0)
+    cache = new_cache(model)
+    with torch.inference_mode():
+        model(input_ids=torch.arange(30).reshape(3, 10), cache=cache, use_cache=True)
+        before = cache.layers[0].keys.clone()
+        keep_paths(cache, 4, [[2, 5], [0, 1], [3]])
+    after = cache.layers[0].keys
+    assert torch.equal(after[0, :, 4:6], before[0, :, [6, 9]])
+    assert torch.equal(after[1], before[1])  # a chain's prefix stays in place
+    assert torch.equal(after[2, :, 4], before[2, :, 7]) and torch.equal(after[:, :, :4], before[:, :, :4])
 
 class OracleTreeDrafter(PromptLookupDrafter):
     """Proposes the target's true greedy continuation cut at a random depth, hidden among decoys that

@@ -211,7 +211,7 @@ def step_drafter(draft, first: bool = False, rounds: int = 0) -> StepDrafter:
 def rounds(request, monkeypatch):
     """Each draft finished in its step (0), or a batch's draft forwards stopped after 2 (or the test's number) once a
     row has finished (rows still drafting wait and go on at the next step); yields (rounds, rows waiting per step)."""
-    from semverify import loop
+    from semverify.engine import loop
 
     waits, verify = [], loop.verify_input
     monkeypatch.setattr(loop, "verify_input", lambda *args, ready=None, **kw: waits.append(
@@ -245,7 +245,7 @@ def accepting_rules():
 def verification(request, monkeypatch):
     """Batched verification as one forward, or split into forwards by draft length wherever lengths differ;
     yields the forwards split (None for one forward)."""
-    from semverify import loop, width_groups
+    from semverify.engine import loop, width_groups
 
     if request.param == "one forward":
         yield None
