@@ -88,6 +88,7 @@ class ModelTreeDrafter(BaseDrafter):
         self.fed: list[int] = []  # tokens of each row's sequence held, in order, in the cache
         self.trees: list[Tree] = []  # each row's last tree
         self.start = 0  # the cache column where the last trees' nodes begin
+        self.node_positions: torch.Tensor | None = None  # [B, columns] the positions of the last trees' columns
 
     def reset(self, input_ids: torch.LongTensor) -> None:
         self.reset_rows([input_ids[0]])
@@ -109,6 +110,7 @@ class ModelTreeDrafter(BaseDrafter):
         out = self.model(**self.rows.inputs(feed, valid), logits_to_keep=1)
         self.rows.extend(valid)
         self.fed, self.start = [len(seq) for seq in sequences], self.rows.length
+        self.node_positions = torch.zeros(len(sequences), 0, dtype=torch.long, device=self.rows.device)
         self.trees = [Tree() for _ in sequences]
         frontier = [(row, -1) for row, k in enumerate(ks) if k > 0]  # (row, node) whose children come next
         logits = out.logits[[row for row, _ in frontier], -1]
@@ -150,43 +152,29 @@ class ModelTreeDrafter(BaseDrafter):
     def _forward(self, nodes: list[tuple[int, int]], depth: int) -> torch.Tensor:
         """The draft's next-token logits [len(nodes), V] at ``nodes`` (all at ``depth``), fed in one forward: each
         row's nodes left-aligned in new columns, each seeing its row's sequence and its ancestors, placed at the
-        root's position + ``depth``, within each layer's window of positions."""
-        batch, device = len(self.trees), self.rows.device
-        slots = [0] * batch
-        placed = []
-        for row, _ in nodes:
-            placed.append((row, slots[row]))
-            slots[row] += 1
-        width, length = max(slots), self.rows.length
-        positions = torch.tensor(self.fed, device=device)[:, None] - 1 + depth
-        keys = torch.cat([self.rows.positions(), positions.expand(-1, width)], dim=1)
-        keys[:, self.start : length] = self._node_positions(length)  # the nodes cached at earlier depths
-        tokens = torch.zeros(batch, width, dtype=torch.long)
-        valid = torch.zeros(batch, width, dtype=torch.bool)
-        seen = self.rows.valid.cpu().clone()
-        seen[:, self.start :] = False  # earlier depths' nodes: only a node's own ancestors
-        allowed = torch.cat([seen[:, None, :].expand(-1, width, -1), torch.eye(width, dtype=torch.bool)[None].expand(
-            batch, -1, -1)], dim=2).clone()
-        for (row, node), (_, slot) in zip(nodes, placed):
-            tree = self.trees[row]
-            tokens[row, slot], valid[row, slot] = tree.tokens[node], True
-            allowed[row, slot, [self.start + c for c in tree.ancestors(node)]] = True
-            tree.columns[node] = length - self.start + slot
-        mask = self.rows.layout.masks(allowed.to(device), positions.expand(-1, width), keys)
-        out = self.model(input_ids=tokens.to(device), cache=self.rows.cache, use_cache=True, attention_mask=mask,
-                         position_ids=positions.expand(-1, width))
+        root's position + ``depth``, within each layer's window of positions. Masks are built on the device."""
+        batch, device, length = len(self.trees), self.rows.device, self.rows.length
+        slots, placed, tokens, seen = [0] * batch, [], [[0] * len(nodes) for _ in range(batch)], ([], [], [])
+        for row, node in nodes:
+            tree, slot = self.trees[row], slots[row]
+            placed.append((row, slot))
+            tokens[row][slot], tree.columns[node], slots[row] = tree.tokens[node], length - self.start + slot, slot + 1
+            for column in tree.ancestors(node):
+                seen[0].append(row), seen[1].append(slot), seen[2].append(self.start + column)
+        width = max(slots)
+        valid = torch.arange(width, device=device)[None, :] < torch.tensor(slots, device=device)[:, None]
+        allowed = torch.cat([self.rows.valid[:, None, :].expand(-1, width, -1),
+                             torch.eye(width, dtype=torch.bool, device=device)[None].expand(batch, -1, -1)], dim=2)
+        allowed[:, :, self.start : length] = False  # earlier depths' nodes: only a node's own ancestors
+        allowed[tuple(torch.tensor(index, dtype=torch.long, device=device) for index in seen)] = True
+        positions = (torch.tensor(self.fed, device=device)[:, None] - 1 + depth).expand(-1, width)
+        keys = torch.cat([self.rows.positions()[:, : self.start], self.node_positions, positions], dim=1)
+        out = self.model(input_ids=torch.tensor(tokens, device=device)[:, :width], cache=self.rows.cache,
+                         use_cache=True, attention_mask=self.rows.layout.masks(allowed, positions, keys),
+                         position_ids=positions)
         self.rows.extend(valid)
+        self.node_positions = torch.cat([self.node_positions, positions], dim=1)
         return out.logits[[row for row, _ in placed], [slot for _, slot in placed]]
-
-    def _node_positions(self, length: int) -> torch.LongTensor:
-        """[B, length - start] the position of each cached tree column (its row's root position + the node's
-        depth; unused columns: the root's)."""
-        out = torch.tensor(self.fed)[:, None].repeat(1, length - self.start) - 1
-        for row, tree in enumerate(self.trees):
-            for node, column in enumerate(tree.columns):
-                if column is not None:
-                    out[row, column] += 1 + len(tree.ancestors(node))
-        return out.to(self.rows.device)
 
     def _keep_accepted(self, sequences: list[torch.LongTensor]) -> None:
         """Roll each row's cache back to its sequence and the fed nodes of the path the target accepted (moved to
