@@ -1,5 +1,5 @@
-"""The plots of a run's report: accuracy against speedup (with intervals), acceptance by draft position, and the
-running accuracy difference against the reference as problems came in."""
+"""The plots of a run's report: accuracy against speedup (with intervals), acceptance by draft position, the
+running accuracy difference against the reference as problems came in, and the accuracy difference against tau."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from .paired import confidence_path, normal_path
 
 def plot(summary: dict, run_dir: Path) -> list[Path]:
     """accuracy_vs_speedup.png (with intervals), acceptance_by_position.png and, where methods are paired
-    against the reference, running_difference.png."""
+    against the reference, running_difference.png and difference_vs_tau.png."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -48,8 +48,32 @@ def plot(summary: dict, run_dir: Path) -> list[Path]:
     second = run_dir / "acceptance_by_position.png"
     fig.savefig(second, dpi=120)
     plt.close(fig)
-    third = _running_difference(summary, run_dir / "running_difference.png", plt)
-    return [first, second] + ([third] if third else [])
+    paired = [p for p in (_running_difference(summary, run_dir / "running_difference.png", plt),
+                          _difference_vs_tau(summary, run_dir / "difference_vs_tau.png", plt)) if p]
+    return [first, second, *paired]
+
+
+def _difference_vs_tau(summary: dict, path: Path, plt) -> Path | None:
+    """Per method that drafts, its paired accuracy difference against the reference (points, 95% interval) at its
+    tau (tokens per target forward): how much a relaxed rule costs in accuracy for the acceptance it buys."""
+    ref, grader = summary["reference"], summary["grader"]
+    points = {name: (m["tau"], m["paired"][ref]["difference"]) for name, m in summary["methods"].items()
+              if m.get("tau") and "difference" in m["paired"].get(ref, {})}
+    if not points:
+        return None
+    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    for name, (tau, d) in sorted(points.items(), key=lambda item: item[1][0]):
+        ax.errorbar(tau, 100 * d["difference"], yerr=[[100 * (d["difference"] - d["low"])],
+                    [100 * (d["high"] - d["difference"])]], fmt="o", capsize=4, label=f"{name} (n={d['problems']})")
+    ax.axhline(0, color="grey", linewidth=0.5)
+    ax.set_xlabel("tau (tokens per target forward)")
+    ax.set_ylabel(f"accuracy vs {ref}, {grader} (points)")
+    ax.set_title("paired difference, 95% interval")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
 
 
 def _running_difference(summary: dict, path: Path, plt) -> Path | None:

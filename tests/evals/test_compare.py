@@ -192,6 +192,7 @@ def test_compare_report_and_resume_after_kill(tiny_checkpoint, tmp_path):
     assert (clean / "accuracy_vs_speedup.png").stat().st_size > 0
     assert (clean / "acceptance_by_position.png").stat().st_size > 0
     assert (clean / "running_difference.png").stat().st_size > 0
+    assert (clean / "difference_vs_tau.png").stat().st_size > 0
     summary = json.loads((clean / "summary.json").read_text())
     assert len(summary["methods"]["typical"]["paired"]["vanilla"]["difference"]["per_problem"]) == 4
     assert summary["methods"]["sd"]["accuracy"]["strict"]["n"] == 4
