@@ -6,6 +6,9 @@ For each (batch B, prompt length P) it decodes a batch of B random prompts of P 
 - **oracle**: semverify with `OracleDrafter`, a drafter that proposes the target's own greedy continuation
   (precomputed by ``model.generate`` on the same prompts), so every draft is accepted: a step is one (k+1)-token
   verification forward plus the loop's bookkeeping and no drafting at all;
+- **ragged**: the oracle with rows that keep different numbers of draft tokens (row r, n tokens into its output,
+  keeps the first (r + n // (k + 1)) mod (k + 1) of its k and proposes wrong ones after them), so the rejected columns
+  leave holes in the batched cache: what the KV memory column measures;
 - **draft**: semverify with a real draft model (``assistant_model=``, drafting exactly k tokens a step), and
   **assisted**: transformers' assisted generation with the same draft and k, at batch 1 (its only batch size).
 
@@ -73,7 +76,7 @@ from .env import environment
 QWEN_VOCAB = 151_936  # the real Qwen2.5 vocabulary, so that the vocabulary-sized work per token is real
 BATCHES = (1, 8, 32)
 PROMPTS = (64, 2048)
-METHODS = ("plain", "oracle", "draft", "assisted")
+METHODS = ("plain", "oracle", "ragged", "draft", "assisted")
 
 # reads of a tensor's values into Python: a device->host sync on an accelerator
 READS = frozenset({"item", "tolist", "__bool__", "__int__", "__float__", "__index__", "nonzero", "cpu", "numpy",
@@ -147,8 +150,10 @@ class OracleDrafter:
     needs_target_hidden = False
     batching = "rows"
 
-    def __init__(self, continuation: torch.LongTensor) -> None:
-        self.continuation = continuation
+    def __init__(self, continuation: torch.LongTensor, ragged: bool = False, vocab: int | None = None) -> None:
+        if ragged and vocab is None:
+            raise ValueError("a ragged oracle needs the vocabulary size for the wrong tokens it proposes")
+        self.continuation, self.ragged, self.vocab = continuation, ragged, vocab
         self.rows: list[int] = []
         self.prompt_lengths: list[int] = []
         self._left = continuation
@@ -170,7 +175,16 @@ class OracleDrafter:
         if width == 0:
             return Draft.empty(len(sequences), device)
         index = (torch.tensor(starts, device=device)[:, None] + torch.arange(width, device=device)).clamp_max(n - 1)
-        return Draft(self._left.gather(1, index), lengths=torch.tensor(lengths, device=device))
+        tokens = self._left.gather(1, index)
+        if self.ragged:  # row r keeps its first (r + n // (k + 1)) mod (k + 1) tokens; the ones after them are wrong
+            right = [(row + start // (k + 1)) % (k + 1) for row, k, start in zip(self.rows, ks, starts)]
+            wrong = torch.arange(width, device=device)[None, :] >= torch.tensor(right, device=device)[:, None]
+            tokens = torch.where(wrong, (tokens + 1) % self.vocab, tokens)
+        return Draft(tokens, lengths=torch.tensor(lengths, device=device))
+
+    def as_ragged(self, vocab: int) -> "OracleDrafter":
+        """This oracle with rows that keep different numbers of their draft tokens (see the module)."""
+        return OracleDrafter(self.continuation, ragged=True, vocab=vocab)
 
     def commit_rows(self, accepted, next_tokens, target_hidden) -> None:
         pass
@@ -328,8 +342,9 @@ class LoopCost:
     def tokens(self, method: str, purpose: str = "timed") -> int:
         """New tokens per row of ``method``'s runs: timed and counted, or a warm-up's (a few steps)."""
         if purpose == "warm-up":
-            return min(self.new_tokens, {"plain": 8, "oracle": 2 * (self.k + 1)}.get(method, 3))
-        return self.new_tokens if method in ("plain", "oracle") else self.draft_tokens
+            return min(self.new_tokens, 8 if method == "plain" else 2 * (self.k + 1) if method in ("oracle", "ragged")
+                       else 3)
+        return self.new_tokens if method in ("plain", "oracle", "ragged") else self.draft_tokens
 
     def methods(self, batch: int) -> list[str]:
         return [m for m in METHODS if (m not in ("draft", "assisted") or self.draft is not None)
@@ -361,7 +376,8 @@ class LoopCost:
                 call.steps = len(call.marks)  # one target forward a step
                 call.tokens_per_step = call.new.shape[1] / call.steps
             else:
-                extra = ({"drafter": oracle} if method == "oracle"
+                extra = ({"drafter": oracle} if method == "oracle" else {"drafter": oracle.as_ragged(self.vocab)}
+                         if method == "ragged"
                          else {"assistant_model": self.draft, "assistant_confidence_threshold": 0.0})
                 with _watching_steps(on_step):
                     out = semverify.generate(self.target, ids, **common, **extra, num_assistant_tokens=self.k,
@@ -435,7 +451,7 @@ def measure_cell(lc: LoopCost, batch: int, prompt: int, repeats: int) -> dict:
         if forwards:  # the target forward alone (prefill left out): the floor under a step
             result["forward_ms"] = statistics.median(forwards)
         result.update(count_syncs(lc, m, ids, mask, lc.tokens(m), oracle))
-        if m == "oracle":
+        if m in ("oracle", "ragged"):
             result["identical_to_generate"] = bool(torch.equal(calls[0].new.cpu(), oracle.continuation.cpu()))
         cell[m] = result
     plain, best = cell["plain"]["ms_per_step"], cell["oracle"]
@@ -461,7 +477,7 @@ def count_syncs(lc: LoopCost, method: str, ids, mask, new_tokens: int, oracle: O
 
     with counter:
         call = lc.decode(method, ids, mask, new_tokens, oracle, lambda: Counter(counter.counts),
-                         on_step=on_step if method in ("oracle", "draft") else None)
+                         on_step=on_step if method in ("oracle", "ragged", "draft") else None)
     first, last = (call.marks[1], call.marks[-1]) if len(call.marks) >= 3 else (Counter(), counter.counts)
     scale = 1 / call.steps if len(call.marks) < 3 else len(call.marks) / (len(call.marks) - 2) / call.steps
     delta = {key: (last[key] - first[key]) * scale for key in set(last) | set(first) if last[key] != first[key]}
@@ -501,7 +517,8 @@ def sync_growth(cells: list[dict]) -> dict[int, float]:
 
 
 COLUMNS = ("model", "B", "P", "plain ms/step", "semverify ms/step (oracle)", "ratio", "perfect-drafter speedup",
-           "syncs/step", "plain syncs/step", "draft-model ms/step", "transformers assisted ms/step",
+           "syncs/step", "plain syncs/step", "ragged oracle ms/step", "draft-model ms/step",
+           "transformers assisted ms/step",
            "KV width / live", "verify forward / plain forward (ms)", "outside forwards: plain / semverify (ms)")
 
 
@@ -512,15 +529,16 @@ def markdown(cells: list[dict], env: dict) -> str:
              f"torch {env['torch']}, transformers {env['transformers']}", "",
              "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     for c in cells:
-        o, d, a = c["oracle"], c.get("draft"), c.get("assisted")
+        o, g, d, a = c["oracle"], c.get("ragged"), c.get("draft"), c.get("assisted")
         syncs = f"{o['syncs_per_step']:.0f} ({o['syncs_per_step_host']:.0f} host)"
         if env.get("device", "cpu") != "cpu":
             syncs += f", {o['syncs_per_step_on_device']:.0f} on device"
-        kv = "/".join(f"{x['kv_width_over_live']:.2f}" for x in (o, d) if x and "kv_width_over_live" in x)
+        kv = "/".join(f"{x['kv_width_over_live']:.2f}" for x in (o, g, d) if x and "kv_width_over_live" in x)
         lines.append(
             f"| {c['model']} | {c['batch']} | {c['prompt']} | {c['plain']['ms_per_step']:.2f} | "
             f"{o['ms_per_step']:.2f} ({o['ms_per_token']:.2f}/token) | {c['ratio']:.2f} | "
             f"{c['perfect_drafter_speedup']:.2f}x | {syncs} | {c['plain']['syncs_per_step']:.0f} | "
+            + (f"{g['ms_per_step']:.2f} (tau {g['tokens_per_step']:.2f})" if g else "") + " | "
             + (f"{d['ms_per_step']:.2f} (tau {d['tokens_per_step']:.2f})" if d else "") + " | "
             + (f"{a['ms_per_step']:.2f} (tau {a['tokens_per_step']:.2f})" if a else "") + f" | {kv} | "
             + (f"{o['forward_ms']:.2f} / {c['plain']['forward_ms']:.2f} ({c['forward_ratio']:.2f}x) | "
@@ -534,8 +552,9 @@ def markdown(cells: list[dict], env: dict) -> str:
              "Syncs/step: reads of tensor values into Python (item, tolist, bool, int, nonzero, cpu, ...), "
              "value-dependent shapes and cuda.synchronize, per oracle step (host: outside the models' forwards); "
              "KV width / live: the target cache's columns at the last step over the longest row's prompt and "
-             "output (oracle/draft model). Verify forward / plain forward: the target's forward alone (pre- to "
-             "post-hook), the oracle's 5-token verification against the plain 1-token step: the floor of the ratio "
+             "output (oracle/ragged oracle/draft model; the ragged oracle's rows keep different numbers of "
+             "draft tokens, so its rejected columns leave holes). Verify forward / plain forward: the target's "
+             "forward alone (pre- to post-hook), the oracle's 5-token verification against the plain 1-token step: the floor of the ratio "
              "that no bookkeeping can lower; outside forwards: each step's time beyond its target forward (the "
              "loop's host work, sampling and, for the plain step, transformers' own)."]
     if growth:

@@ -32,6 +32,18 @@ def test_the_oracle_drafts_the_targets_own_tokens_and_every_draft_is_accepted(ba
         assert row.steps == -(-new_tokens // 5)
 
 
+def test_the_ragged_oracle_keeps_a_different_prefix_in_each_row():
+    model = tiny_model(0)
+    ids, mask = random_batch(TINY_VOCAB, 3, 8)
+    expected = model.generate(ids, attention_mask=mask, max_new_tokens=20, **GREEDY)
+    oracle = OracleDrafter(expected[:, ids.shape[1]:]).as_ragged(TINY_VOCAB)
+    out = semverify.generate(model, ids, attention_mask=mask, drafter=oracle, num_assistant_tokens=4,
+                             max_new_tokens=20, return_dict_in_generate=True, **GREEDY)
+    assert torch.equal(out.sequences, expected)  # lossless: every wrong token is rejected
+    firsts = [row.accept_lengths[0] for row in out.spec_stats.rows]
+    assert firsts == [0, 1, 2]  # row r keeps r tokens of its first draft
+
+
 def test_the_sync_counter_counts_reads_and_where_they_happen():
     class Reads(torch.nn.Module):
         def forward(self, x):
@@ -63,6 +75,9 @@ def test_the_command_writes_the_table_and_every_sample(tmp_path, capsys):
         assert c["plain"]["steps"] == 15 and len(c["plain"]["samples_ms_per_step"]) == 2
         assert c["oracle"]["steps"] == c["oracle"]["target_forwards"] == 3 and c["oracle"]["prefill_removed"]
         assert c["oracle"]["syncs_per_step"] > 0 and 0.5 < c["oracle"]["kv_width_over_live"] <= 1
+        ragged = c["ragged"]  # rows keep different numbers of draft tokens: lossless, fewer tokens a step
+        assert ragged["identical_to_generate"] and 1 <= ragged["tokens_per_step"] < 5
+        assert ragged["kv_width_over_live"] >= c["oracle"]["kv_width_over_live"]
         assert c["perfect_drafter_speedup"] == pytest.approx(5 * c["plain"]["ms_per_step"] / c["oracle"]["ms_per_step"])
     assert set(saved["sync_growth_per_row"]) == {"8"}
     table = (tmp_path / "loop-cost.md").read_text()
