@@ -552,11 +552,11 @@ def markdown(cells: list[dict], env: dict) -> str:
              "Syncs/step: reads of tensor values into Python (item, tolist, bool, int, nonzero, cpu, ...), "
              "value-dependent shapes and cuda.synchronize, per oracle step (host: outside the models' forwards); "
              "KV width / live: the target cache's columns at the last step over the longest row's prompt and "
-             "output (oracle/ragged oracle/draft model; the ragged oracle's rows keep different numbers of "
-             "draft tokens, so its rejected columns leave holes). Verify forward / plain forward: the target's "
-             "forward alone (pre- to post-hook), the oracle's 5-token verification against the plain 1-token "
-             "step: the floor of the ratio that no bookkeeping can lower; outside forwards: each step's time beyond its target forward (the "
-             "loop's host work, sampling and, for the plain step, transformers' own)."]
+             "output (oracle/ragged oracle/draft model; the ragged oracle's rows keep different numbers of draft "
+             "tokens, so its rejected columns leave holes). Verify forward / plain forward: the target's forward "
+             "alone (pre- to post-hook), the oracle's 5-token verification against the plain 1-token step: the "
+             "floor of the ratio that no bookkeeping can lower; outside forwards: each step's time beyond its "
+             "target forward (the loop's host work, sampling and, for the plain step, transformers' own)."]
     if growth:
         notes.append("Syncs per step grow by " + ", ".join(f"{g:.2f} per row at P = {p}" for p, g in growth.items())
                      + " (the oracle, between the two smallest batches).")
