@@ -19,6 +19,9 @@ __all__ = ["RowCache", "RowSubset", "UnsupportedArchitectureError", "Unsupported
            "new_cache"]
 
 
+PACK_SLACK = 0.1  # a batched cache packs once it is this much wider than its longest row's tokens
+
+
 def new_cache(model: PreTrainedModel, role: str = "model") -> DynamicCache:
     """An empty DynamicCache for ``model`` with a full cache layer (`DynamicLayer`) for every attention layer,
     sliding-window and chunked ones included; a model the loop cannot serve (recurrent, linear or compressed
@@ -58,7 +61,10 @@ class RowCache:
 
     Every column has a per-row validity: a token one row rejects stays in the cache as a masked hole
     (another row may have kept its token there). Columns no row keeps are cropped from the end, and
-    when holes fill more than half of a batched cache, each row's tokens are packed to the right.
+    when the cache grows wider than its longest row's tokens by more than `PACK_SLACK` (10%), each row's tokens
+    are packed to the right, so the cache holds at most 1.1x the live tokens plus the step's new columns. A pack
+    gathers every layer once; it comes about every slack x width / holes-per-step steps, so its cost per step
+    stays about constant as the context grows.
     Positions are per row (a row's real tokens are at 0, 1, 2, ... in column order), so packing never
     changes what a token attends to. With one row the rejected tokens are always the last ones: rollback
     is plain cropping, and no mask is ever passed to a chain's forward.
@@ -143,7 +149,7 @@ class RowCache:
         used = self.valid.any(0).nonzero()
         keep_first(self.cache, int(used[-1]) + 1 if len(used) else 0)
         self.valid = self.valid[:, : self.cache.get_seq_length()]
-        if self.valid.shape[0] > 1 and int((~self.valid).sum()) > self.valid.numel() // 2:
+        if self.valid.shape[0] > 1 and self.length > (1 + PACK_SLACK) * int(self.valid.sum(-1).max()):
             self.pack()
 
     def pack(self) -> None:
