@@ -15,6 +15,7 @@ import math
 
 import torch
 
+from .engine.argmax import vocab_argmax
 from .engine.coupling import is_coupled
 from .engine.sampling import uniform
 from .methods import Method, register_method
@@ -61,7 +62,7 @@ def _relaxed_verdict(x: VerifyInput, relaxed: torch.BoolTensor, reason: str) -> 
     if x.do_sample and not is_coupled(x.generator):
         strict, strict_reason = ratio_test(x), "ratio"
         n = leading_true(strict | relaxed)
-        next_token, own = draw_after(x, n), x.target_logits[:, :k].argmax(dim=-1)
+        next_token, own = draw_after(x, n), vocab_argmax(x.target_logits[:, :k])
     else:
         choice = target_choices(x)
         own, strict_reason = choice[:, :k], "exact"
@@ -131,7 +132,7 @@ class ThresholdAcceptance(BaseRule):
         else:
             strict = u < p_x  # the lossless part of SGLang's coin
             coin = u < p_x / self.threshold_acc
-            own, strict_reason = x.target_logits[:, :k].argmax(dim=-1), "ratio"
+            own, strict_reason = vocab_argmax(x.target_logits[:, :k]), "ratio"
         n = leading_true(strict | coin | single)
         if coupled:
             next_token = at_position(choice, n)
@@ -236,7 +237,7 @@ class EnsembleVerification(BaseRule):
         p = x.target_probs[:, :k]
         choice = target_choices(x)
         if not x.do_sample:  # transformers: match argmax of the mixture; its argmax follows a refusal
-            mixed = (w * p + (1.0 - w) * q).argmax(dim=-1)
+            mixed = vocab_argmax(w * p + (1.0 - w) * q)
             n = leading_true(tokens == mixed)
             next_token = at_position(torch.cat([mixed, choice[:, k:]], dim=1), n)
             return self._verdict(x, n, next_token, tokens == choice[:, :k], "exact", choice[:, :k])
@@ -252,7 +253,7 @@ class EnsembleVerification(BaseRule):
             return self._verdict(x, n, at_position(choice, n), exact, "exact", choice[:, :k])
         strict = u * q_x < p_x  # standard speculative sampling with the same uniform
         n = leading_true(u * q_x < w * p_x + (1.0 - w) * q_x)
-        own = x.target_logits[:, :k].argmax(dim=-1)
+        own = vocab_argmax(x.target_logits[:, :k])
         return self._verdict(x, n, draw_after(x, n), strict, "ratio", own)
 
     @staticmethod

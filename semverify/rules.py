@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from .engine.argmax import vocab_argmax
 from .engine.coupling import is_coupled
 from .engine.sampling import sample_from, uniform
 from .engine.verification import sample_tree, verify_paths
@@ -100,7 +101,7 @@ def target_choices(x: VerifyInput) -> torch.LongTensor:
         return x.generator.choose(x.target_logits, tokens=x.draft.tokens)
     if x.do_sample:
         return sample_from(x.target_probs, x.generator)
-    return x.target_logits.argmax(dim=-1)
+    return vocab_argmax(x.target_logits)
 
 
 class GreedyMatch(BaseRule):
@@ -204,7 +205,7 @@ class TypicalAcceptance(BaseRule):
         p = x.target_probs[:, :k]
         choice = target_choices(x)
         # the token a draft must equal: the argmax (Medusa), or under coupled noise the target's own token
-        top = choice[:, :k] if is_coupled(x.generator) else x.target_logits[:, :k].argmax(dim=-1)
+        top = choice[:, :k] if is_coupled(x.generator) else vocab_argmax(x.target_logits[:, :k])
         exact = tokens == top
         p_x = p.gather(-1, tokens[..., None]).squeeze(-1)
         bound = torch.clamp(self.posterior_alpha * torch.exp(-entropy(p)), max=self.posterior_threshold)

@@ -8,6 +8,7 @@ from typing import Callable, NamedTuple
 import torch
 from transformers import PreTrainedModel
 
+from ..engine.argmax import vocab_argmax
 from ..engine.cache import RowCache, RowSubset
 from ..engine.sampling import Sampler, sample_rows
 from ..planner import DraftPlanner
@@ -43,7 +44,7 @@ def draw(logits: torch.Tensor, q: torch.Tensor, sampler: Sampler, generators: li
     """The next draft token of each ``active`` row: the argmax, or a draw from ``q`` at the row's draft position
     from its own stream (the rows' coupled noise in one batched draw)."""
     if not sampler.do_sample:
-        return logits[active].argmax(dim=-1)
+        return vocab_argmax(logits[active])
     return sample_rows(q[active], [generators[row] for row in active], [lengths[row] for row in active],
                        tokens[active])
 

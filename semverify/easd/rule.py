@@ -12,6 +12,7 @@ import math
 
 import torch
 
+from ..engine.argmax import vocab_argmax
 from ..engine.coupling import RESAMPLE_STREAM, is_coupled
 from ..engine.sampling import sample_from
 from ..rules import (
@@ -124,7 +125,7 @@ class EntropyAwareRule(BaseRule):
         at = n.clamp(max=x.k - 1)
         drafted = at_position(x.draft.tokens, at)[:, None]
         if not x.do_sample:
-            return at_position(x.target_logits, n).scatter(-1, drafted, float("-inf")).argmax(dim=-1)
+            return vocab_argmax(at_position(x.target_logits, n).scatter(-1, drafted, float("-inf")))
         p_n = at_position(x.target_probs, n)
         without = p_n.scatter(-1, drafted, 0.0)
         if self.resample == "residual":

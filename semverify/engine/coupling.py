@@ -23,6 +23,8 @@ from collections.abc import Sequence
 
 import torch
 
+from .argmax import vocab_argmax
+
 # the noise streams: the target's token, EASD's resample, other uniform draws (a step rule's test)
 TARGET_STREAM, RESAMPLE_STREAM, AUXILIARY_STREAM = 0, 1, 2
 NOISE_KINDS = ("counter", "legacy")  # how a key becomes noise over the vocabulary (see the module's docstring)
@@ -198,7 +200,7 @@ class CoupledNoise:
         pos = torch.as_tensor(positions, dtype=torch.long).expand(shape).reshape(-1).tolist()
         path = torch.as_tensor(tokens).reshape(-1).tolist() if self.context is not None else ()
         noise = self.noise_at(pos, vocab, stream, path, logits.device)
-        return (logits.reshape(-1, vocab).float() + noise).argmax(dim=-1).reshape(shape)
+        return vocab_argmax(logits.reshape(-1, vocab).float() + noise).reshape(shape)
 
     def generator(self, position: int = 0) -> torch.Generator:
         """A torch stream for the auxiliary draws at relative ``position`` (a step rule's uniform); keyed by
@@ -232,7 +234,7 @@ class CoupledRows:
         else:
             noise = torch.cat([row.noise_at(p, vocab, stream, path, logits.device)
                                for row, p, path in zip(self.rows, pos, paths)])
-        return (logits.reshape(-1, vocab).float() + noise).argmax(dim=-1).reshape(shape)
+        return vocab_argmax(logits.reshape(-1, vocab).float() + noise).reshape(shape)
 
     def generator(self, position: int = 0) -> list[torch.Generator]:
         """Each row's auxiliary stream (`uniform` then draws row by row)."""
