@@ -68,7 +68,7 @@ import semverify
 import semverify.generation as _generation
 from semverify.engine.clock import device_clock
 from semverify.engine.sampling import Sampler
-from semverify.machine import machine
+from semverify.machine import keep_large_buffers, machine
 from semverify.types import Draft
 
 from .env import environment
@@ -526,7 +526,7 @@ def markdown(cells: list[dict], env: dict) -> str:
     lines = [f"Loop cost, {env['models']}, k = {env['k']}, {env['new_tokens']} new tokens ({env['draft_tokens']} with "
              f"the draft model), greedy, median of "
              f"{env['repeats']}, {env['date'][:10]}, machine: {env['machine']} ({env['torch_threads']} threads), "
-             f"torch {env['torch']}, transformers {env['transformers']}", "",
+             f"torch {env['torch']}, transformers {env['transformers']}, malloc: {env.get('malloc', 'default')}", "",
              "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     for c in cells:
         o, g, d, a = c["oracle"], c.get("ragged"), c.get("draft"), c.get("assisted")
@@ -567,12 +567,16 @@ def run_loop_cost(args) -> str:
     """The whole measurement for the parsed ``semverify loop-cost`` arguments; returns the Markdown table."""
     batches, prompts = _sizes(args.batches, "--batches"), _sizes(args.prompts, "--prompts")
     torch.set_num_threads(args.threads)
+    kept = args.keep_large_buffers and keep_large_buffers()
+    if args.keep_large_buffers and not kept:
+        raise ValueError("--keep-large-buffers needs glibc's malloc (Linux); this process has another")
     models = load_models(args.model, args.draft, args.dtype, args.device, args.vocab, args.random_weights)
     lc = LoopCost(models, args.k, args.new_tokens, args.draft_tokens)
     env = environment(model=args.model, draft=args.draft, models=models.description, label=models.label,
                       dtype=args.dtype if args.model != "tiny" else "float32", k=args.k, new_tokens=lc.new_tokens,
                       draft_tokens=lc.draft_tokens, repeats=args.repeats, batches=batches, prompts=prompts,
-                      device=args.device, machine=machine(lc.device))
+                      device=args.device, machine=machine(lc.device),
+                      malloc="glibc, buffers up to 1 GiB reused" if kept else "default")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     cells: list[dict] = []

@@ -29,6 +29,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeats", type=positive_int, default=5, help="timed runs of every method per cell")
     p.add_argument("--k", type=positive_int, default=4, help="draft tokens per step")
     p.add_argument("--threads", type=positive_int, default=2)
+    p.add_argument("--keep-large-buffers", action="store_true",
+                   help="let glibc's malloc reuse freed buffers above 32 MB (semverify.machine.keep_large_buffers): "
+                        "a batch's verify logits are above it, so by default each step maps fresh pages")
     p.add_argument("--out", default="results/loop-cost")
 
 
