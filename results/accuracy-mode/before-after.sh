@@ -6,7 +6,9 @@
 # TOGETHER=1: old and new at the same time, one thread each, into OUT/old and OUT/new, so that both see the same
 # machine however busy it is (each holds its own copy of the models).
 # OLD_METHOD: the "before" methods (comma-separated; default step_likelihood at -0.2), METHOD: the "after" ones
-# (default the same); NEW_ARGS: options only the new code takes (e.g. "--coupled-noise legacy").
+# (default the same); NEW_ARGS: options only the new code takes (e.g. "--coupled-noise legacy"); CONFIG: a methods
+# file both sides read, whose methods (or vanilla) METHOD and OLD_METHOD then name (relative paths in it resolve in
+# each side's folder: link runs/ into the old checkout).
 # A setting instead of a commit: OLD=. and the "after" method in METHOD.
 # Run from the repository root (each run starts in its code's folder, so Python imports that code):
 #   OLD=/path/to/checkout OUT=results/accuracy-mode/ride-along bash results/accuracy-mode/before-after.sh
@@ -18,6 +20,8 @@ METHOD=${METHOD:-$OLD_METHOD}
 BATCH=${BATCH:-8}
 LIMIT=${LIMIT:-8}
 read -r -a new_args <<< "${NEW_ARGS:-}"
+config=() select=--methods
+if [[ -n ${CONFIG:-} ]]; then config=(--config "$(realpath "$CONFIG")" --methods vanilla) select=--only; fi
 ROOT=$PWD
 mkdir -p "$(dirname "$OUT")"
 args=(compare --accuracy --batch-size "$BATCH" --limit "$LIMIT" --max-new-tokens 512 --do-sample --temperature 0.7
@@ -27,8 +31,8 @@ decode() {  # decode SIDE RUN: one run of the old or new code into OUT/RUN
   local src=$ROOT method=$METHOD extra=("${new_args[@]}")
   if [[ $1 == old ]]; then src=$OLD method=$OLD_METHOD extra=(); fi
   echo "== $2 ($src, $method) $(date -u +%FT%TZ)"
-  (cd "$src" && HF_HUB_OFFLINE=1 nice "$ROOT/.venv/bin/python" -m semverify.cli "${args[@]}" "${extra[@]}" \
-    --methods "$method" --out "$OUT/$2")
+  (cd "$src" && HF_HUB_OFFLINE=1 nice "$ROOT/.venv/bin/python" -m semverify.cli "${args[@]}" "${config[@]}" "${extra[@]}" \
+    "$select" "$method" --out "$OUT/$2")
 }
 
 if [[ ${TOGETHER:-0} == 1 ]]; then

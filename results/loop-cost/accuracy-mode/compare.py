@@ -1,7 +1,8 @@
 """Issue 62's accuracy-mode before/after, from the rows: per method, outputs per hour of each side's batch (the
 batch's wall time; old and new decoded at the same time, one thread each), whether the two sides' outputs are
 token-identical (and equal to the 500-table's rows of the same problems), and, in lossless-batch4, whether the
-lossless methods' outputs equal `vanilla`'s in the same coupled batches. Writes compare.json and compare.md here.
+lossless methods' outputs equal `vanilla`'s in the same coupled batches. `sense/` holds the SENSE pair (a batch of 8
+on a smaller store, see NOTES.md), read as more rows of each side. Writes compare.json and compare.md here.
 
     python results/loop-cost/accuracy-mode/compare.py
 """
@@ -23,7 +24,8 @@ def per_hour(side: dict, method: str) -> float | None:
     return 3600 * outputs / sum(wall for _, wall in batches) if batches else None
 
 
-old, new, table = rows(HERE / "old" / "rows.rank0.jsonl"), rows(HERE / "new" / "rows.rank0.jsonl"), rows(TABLE)
+(old, new), table = ({**rows(HERE / side / "rows.rank0.jsonl"), **rows(HERE / "sense" / side / "rows.rank0.jsonl")}
+                   for side in ("old", "new")), rows(TABLE)
 lossless = rows(HERE / "lossless-batch4" / "rows.rank0.jsonl")
 result = {"before_after": {}, "lossless_in_batch": {}}
 for method in sorted({m for m, _ in old} & {m for m, _ in new}):
@@ -46,7 +48,7 @@ for method, r in result["before_after"].items():
     ratio = (r["outputs_per_hour_new"] / r["outputs_per_hour_old"]) if r["outputs_per_hour_old"] else float("nan")
     lines.append(f"| {method} | {r['problems']} | {r['outputs_per_hour_old']:.1f} | {r['outputs_per_hour_new']:.1f} | "
                  f"{ratio:.3f} | {r['identical_old_new']} of {r['problems']} | "
-                 f"{r['identical_to_500_table']} of {r['in_500_table']} |")
+                 + (f"{r['identical_to_500_table']} of {r['in_500_table']} |" if r["in_500_table"] else "not in it |"))
 lines += ["", "| lossless method (batch of 4, coupled) | problems | equal to vanilla | tau |", "|---|---|---|---|"]
 for method, r in result["lossless_in_batch"].items():
     lines.append(f"| {method} | {r['problems']} | {r['identical_to_vanilla']} of {r['problems']} | "
