@@ -19,6 +19,8 @@ def width_groups(lengths: list[int], pending: int, overhead: int | None = None,
     ``pending`` + its longest draft columns, when that costs fewer positions (each forward charged ``overhead``,
     by default `FORWARD_OVERHEAD`) than one forward at the longest draft; None when one forward is cheapest."""
     overhead = FORWARD_OVERHEAD if overhead is None else overhead
+    if len(set(lengths)) < 2:  # nothing to save (and the search below is quadratic in the rows)
+        return None
     order = sorted(range(len(lengths)), key=lengths.__getitem__)
     sizes = [lengths[r] for r in order]
     n = len(order)
