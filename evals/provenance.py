@@ -45,12 +45,15 @@ class RunSettings:
     coupled: bool | None = None  # sampled runs: coupled Gumbel noise per (problem, position) (None: torch streams)
     coupled_context: int | None = None  # coupled noise keyed by the last n tokens instead of position (None: position)
     coupled_noise: str | None = None  # how coupled keys become noise: "counter" (new runs), None: "legacy" (older runs)
+    coupling: int | None = None  # coupled runs: how the emitted tokens are drawn (COUPLING_VERSION; None: version 1)
     samples: int | None = None  # sampled runs: outputs per problem and method (None: one)
 
     def context(self, tokenizer=None) -> RunContext:
         return RunContext.for_decoding(self.draft, self.target, self.do_sample, self.temperature, tokenizer)
 
 
+COUPLINGS = {1: "each rule's own coupled branch, before 2026-12-07",
+             2: "the engine draws each rule's emitted law under the target's noise"}
 _HASHES: dict[tuple, str] = {}
 
 
@@ -111,6 +114,7 @@ def prepare_run(out: Path, settings: RunSettings, methods: list[Method], pinned:
         _write_json(path, {**spec, "pins": pinned, "environment": environment(**asdict(settings)), **(records or {})})
         return
     old = json.loads(path.read_text())
+    check_coupling(out, old["settings"], spec["settings"])
     # settings added to semverify after a run started are unset (None) in its resume
     current = {k: v for k, v in spec["settings"].items() if not (v is None and k not in old["settings"])}
     grown = (current.get("samples") or 1) > (old["settings"].get("samples") or 1)
@@ -162,6 +166,18 @@ def prepare_run(out: Path, settings: RunSettings, methods: list[Method], pinned:
     else:
         old.setdefault("resumed", []).append(environment(**asdict(settings)))
     _write_json(path, old)
+
+
+def check_coupling(out: Path, old: dict, new: dict) -> None:
+    """Refuse to resume coupled rows drawn under another construction (`COUPLING_VERSION`): their tokens follow
+    other laws for lossy rules, so old and new rows are never pooled or paired."""
+    if not old.get("coupled") or not new.get("coupled"):
+        return
+    then, now = old.get("coupling") or 1, new.get("coupling") or 1
+    if then != now:
+        raise ValueError(f"{out} holds coupled rows drawn under coupling {then} ({COUPLINGS.get(then, '?')}); this "
+                         f"code draws coupling {now} ({COUPLINGS.get(now, '?')}), and the two are never pooled: "
+                         f"report the old rows as they are, and run the new construction in a new --out")
 
 
 def _plugin_files(pinned: dict, module: str | None = None) -> dict:

@@ -25,7 +25,7 @@ def markdown(summary: dict) -> str:
     if s.get("coupled"):
         decoding += (", coupled (noise keyed by position)" if not s.get("coupled_context")
                      else f", coupled (noise keyed by the last {s['coupled_context']} tokens)")
-        decoding += f", {s.get('coupled_noise') or 'legacy'} noise"
+        decoding += f", {s.get('coupled_noise') or 'legacy'} noise, coupling {s.get('coupling') or 1}"
     uses_draft = any(Method.from_record(m).needs & {"draft_model", "draft_model_int8"} for m in run["methods"])
     draft = f"draft `{s['draft']}`" if uses_draft else "no draft model"
     if s.get("datastore"):

@@ -9,15 +9,16 @@ refused unless ``--repin``):
 
 ``SEMVERIFY_PLUGINS=examples/custom_rule.py`` does the same for every command, and a package of your own
 declares it once as an entry point (``[project.entry-points."semverify.plugins"]``, see docs/contributing.md).
-Run as a script, the file checks the rule on hand-built tensors: ``python examples/custom_rule.py``.
+Run as a script, the file checks the rule on hand-built tensors and its law in every mode (`check_rule_law`, as CI
+does for the built-in rules): ``python examples/custom_rule.py``.
 """
 
 from __future__ import annotations
 
 import torch
 
-from semverify import BaseRule, Draft, Method, Verdict, VerifyInput, register_method, register_rule
-from semverify.rules import at_position, leading_true, prefix_mask, target_choices
+from semverify import BaseRule, Draft, Method, TokenLaw, VerifyInput, register_method, register_rule
+from semverify.testing import check_rule_law
 
 
 class TopKMatch(BaseRule):
@@ -30,12 +31,13 @@ class TopKMatch(BaseRule):
             raise ValueError(f"top_k must be >= 1, got {top_k}")
         self.top_k = top_k
 
-    def __call__(self, x: VerifyInput) -> Verdict:
-        top = x.target_logits[:, : x.k].topk(self.top_k, dim=-1).indices     # [B, k, top_k]
-        inside = (top == x.draft.tokens[..., None]).any(dim=-1)              # [B, k]
-        n = leading_true(inside)                                             # kept prefix per row
-        choice = target_choices(x)                                           # the target's own token, k+1 positions
-        return Verdict(n, at_position(choice, n), {"topk": prefix_mask(n, x.k)}, target_tokens=choice[:, : x.k])
+    def law(self, x: VerifyInput) -> TokenLaw:
+        p = x.target_probs[:, : x.k]                                           # [B, k, V] the target's law
+        top = torch.zeros_like(p).scatter_(-1, p.topk(self.top_k, dim=-1).indices, 1.0)  # [B, k, V] 1 at its top-k
+        if not x.do_sample:
+            return TokenLaw(top, reason="topk")                    # keep the top-k; a refusal emits the argmax
+        # sampling: the top-k surely, any other token as the target would draw it (p(x)); a refusal: p without x
+        return TokenLaw(torch.maximum(top, p), target=0.0, without=1.0, reason="topk")
 
 
 register_rule("topk_match", TopKMatch)
@@ -47,5 +49,6 @@ if __name__ == "__main__":
     logits = torch.tensor([[[3.0, 2.0, 0.0], [0.0, 0.0, 5.0]]])   # [B=1, k+1=2, V=3]
     verdict = TopKMatch(top_k=2)(VerifyInput(Draft(torch.tensor([[1]])), logits, do_sample=False))
     assert verdict.n_accepted.tolist() == [1] and verdict.next_token.tolist() == [2]
+    check_rule_law(TopKMatch(top_k=2)).raise_if_failed()  # uncoupled and coupled draws follow the stated law
     print("topk_match keeps the target's second choice; evaluate it with:\n  semverify compare --plugin "
           f"{__file__} --methods vanilla,sd,topk_match --limit 10 --out runs/topk")

@@ -31,7 +31,7 @@ from .registry import (
 from .rules import AcceptanceRule, BaseRule, GreedyMatch, SpeculativeSampling, TypicalAcceptance
 from .semanticspec.drafts import StepDraft, StepTokensDraft
 from .stats import SpecStats
-from .types import Draft, StepOutcome, Verdict, VerifyInput
+from .types import Draft, StepOutcome, TokenLaw, Verdict, VerifyInput
 
 __version__ = "0.2.0"
 
@@ -41,7 +41,8 @@ __all__ = [
     "DrafterKind", "GreedyMatch", "HybridDrafter", "Method", "ModelDrafter", "ModelTreeDrafter", "NoDrafter",
     "OFFLINE_MODELS", "PromptLookupDrafter",
     "RunContext", "Sampler", "SpecGenerateOutput", "SpecStats", "SpeculativeSampling", "StepDraft", "StepOutcome",
-    "StepTokensDraft", "TypicalAcceptance", "Verdict", "VerifyInput", "available_drafters", "available_methods",
+    "StepTokensDraft", "TokenLaw", "TypicalAcceptance", "Verdict", "VerifyInput", "available_drafters",
+    "available_methods",
     "available_rules", "generate", "get_rule", "load_model", "load_plugins", "make_drafter", "register_drafter",
     "register_method", "register_rule", "speculative_generate",
 ]

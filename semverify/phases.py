@@ -33,10 +33,11 @@ from typing import Any
 
 import torch
 
-from .rules import BaseRule, SpeculativeSampling, at_position, prefix_mask
-from .types import Draft, Verdict, VerifyInput
+from .rules import BaseRule, SpeculativeSampling, at_position, decide, prefix_mask
+from .types import Draft, TokenLaw, Verdict, VerifyInput
 
-PHASE_PARAMS = ("phase_start", "phase_end", "phase_window")  # rule parameters that limit a rule to a span
+PHASE_PARAMS = ("phase_start", "phase_end", "phase_window", "phase_switch")  # what limits a rule to a span
+SWITCHES = ("position", "step")  # where a phase changes: at the marker, or after the step that emitted it
 DEFAULT_WINDOW = 4096
 
 Marker = str | int | Sequence[int] | Sequence[str | int | Sequence[int]]
@@ -105,6 +106,8 @@ def _governed_before(govern: torch.BoolTensor) -> torch.BoolTensor:
 class Phased(BaseRule):
     """``inner`` inside a span of the output (between ``start`` and ``end`` markers), ``lossless`` outside.
 
+    ``switch="step"`` reads the phase once per step, at the draft's first position, as TensorRT-LLM does (it scans
+    the tokens a verification step accepted): a marker inside a draft then takes effect from the next step.
     ``start=None``: the span opens at the output's start; ``end=None``: it never closes. Markers: text (with
     ``tokenizer``), a token id, token ids, or a list of alternatives (`marker_ids`). The phase is read from the
     last ``window`` output tokens (``VerifyInput.history``) and the draft; see the module for what decides it
@@ -115,7 +118,8 @@ class Phased(BaseRule):
     """
 
     def __init__(self, inner: BaseRule, lossless: BaseRule | None = None, start: Marker | None = None,
-                 end: Marker | None = None, tokenizer: Any = None, window: int = DEFAULT_WINDOW) -> None:
+                 end: Marker | None = None, tokenizer: Any = None, window: int = DEFAULT_WINDOW,
+                 switch: str = "position") -> None:
         if not isinstance(inner, BaseRule):
             raise TypeError(f"inner must be a rule (semverify.rules.BaseRule), got {type(inner).__name__}")
         if inner.needs_extend or inner.preferred_drafter == "step":
@@ -133,7 +137,9 @@ class Phased(BaseRule):
         longest = max(len(m) for m in self.start + self.end)
         if window < longest:
             raise ValueError(f"window (phase_window) {window} is shorter than a marker ({longest} tokens)")
-        self.window = window
+        if switch not in SWITCHES:
+            raise ValueError(f"switch (phase_switch) must be one of {', '.join(SWITCHES)}, got {switch!r}")
+        self.window, self.switch = window, switch
         self.history_tokens = max(window, inner.history_tokens, lossless.history_tokens)
         self.name = inner.name
         self.lossless = inner.lossless and lossless.lossless
@@ -167,9 +173,25 @@ class Phased(BaseRule):
         if not self.start:
             last_open = last_open.clamp(min=-1)  # open from the output's start
         last_close = torch.where(closed, index, -2).cummax(dim=1).values
-        return (last_open > last_close)[:, history.shape[1] :]
+        phase = (last_open > last_close)[:, history.shape[1] :]
+        return phase[:, :1].expand_as(phase) if self.switch == "step" else phase
+
+    @property
+    def states_law(self) -> bool:
+        """Whether both rules state their laws (then the phased rule's law is theirs, position by position)."""
+        return self.inner.states_law and self.outside.states_law
+
+    @property
+    def coupling(self) -> str | None:
+        return "law" if self.states_law else self.inner.coupling
+
+    def law(self, x: VerifyInput) -> TokenLaw:
+        """``inner``'s law at the positions inside the span, ``outside``'s elsewhere."""
+        return self.inner.law(x).where(self.in_phase(x)[:, : x.k], self.outside.law(x))
 
     def __call__(self, x: VerifyInput) -> Verdict:
+        if self.states_law:
+            return decide(self, x)
         k, tokens = x.k, x.draft.tokens
         phase = self.in_phase(x)
         inner = self.inner(_force(x, _governed_before(phase)))
@@ -194,9 +216,11 @@ class Phased(BaseRule):
 
 
 def limit_to_phase(rule: BaseRule, context: Any = None, phase_start: Marker | None = None,
-                   phase_end: Marker | None = None, phase_window: int | None = None) -> BaseRule:
+                   phase_end: Marker | None = None, phase_window: int | None = None,
+                   phase_switch: str = "position") -> BaseRule:
     """``rule`` limited to the span a method spec names (``phase_start``, ``phase_end``: text or a token id;
-    ``phase_window``: tokens searched), the tokenizer taken from the run's ``context``."""
+    ``phase_window``: tokens searched; ``phase_switch``: ``"step"`` to read the phase once per step), the tokenizer
+    taken from the run's ``context``."""
     for key, value in (("phase_start", phase_start), ("phase_end", phase_end)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, (str, int, list, tuple))):
             raise ValueError(f"{key} must be text or a token id, got {value!r}")
@@ -204,7 +228,7 @@ def limit_to_phase(rule: BaseRule, context: Any = None, phase_start: Marker | No
         raise ValueError(f"phase_window expects an integer, got {phase_window!r}")
     tokenizer = getattr(context, "tokenizer", None)
     return Phased(rule, start=phase_start, end=phase_end, tokenizer=tokenizer,
-                  window=DEFAULT_WINDOW if phase_window is None else phase_window)
+                  window=DEFAULT_WINDOW if phase_window is None else phase_window, switch=phase_switch)
 
 
 __all__ = ["DEFAULT_WINDOW", "PHASE_PARAMS", "Phased", "limit_to_phase", "marker_ids"]

@@ -1,8 +1,11 @@
 """Acceptance rules: pure functions of tensors that decide how much of a draft to keep.
 
-A rule maps a `VerifyInput` (draft tokens, draft q, target logits for the k+1 positions) to a
-`Verdict` (accepted count and the one token that follows). Rules never touch a model, so they
-are tested on hand-built tensors; the loop is the only place that runs models.
+A token rule states its law (`TokenLaw`): at each drafted position, the probability of keeping each token had it
+been drafted, and the law of the token it emits when it refuses. The engine draws from that law in every mode
+(`semverify.engine.drawing.decide`: greedy, uncoupled, coupled), so a rule has no branch per mode and a coupled run
+measures the rule itself. Rules whose decision looks past one position (a window, a whole step) implement
+``__call__`` themselves. Rules read tensors only (SpecReason's ``extend`` asks the loop for one more target
+forward), so they are tested on hand-built tensors.
 """
 
 from __future__ import annotations
@@ -11,13 +14,17 @@ import torch
 
 from .engine.argmax import vocab_argmax
 from .engine.coupling import is_coupled
-from .engine.sampling import sample_from, uniform
+from .engine.drawing import decide
+from .engine.sampling import sample_from
 from .engine.verification import sample_tree, verify_paths
-from .types import Verdict, VerifyInput
+from .types import TokenLaw, Verdict, VerifyInput
+
+COUPLINGS = ("law", "own-draft")  # how a coupled run draws for a rule (see `BaseRule.coupling`)
 
 
 class BaseRule:
-    """The rule contract, with defaults: a rule subclasses this and implements ``__call__``.
+    """The rule contract, with defaults: a token rule subclasses this and implements `law`; a rule whose decision
+    is not local to one position implements ``__call__`` (and sets `coupling`).
 
     Flags: ``lossless`` (keeps the target's output distribution), ``needs_draft_probs`` (reads
     ``draft.probs``), ``needs_hidden_states`` (reads ``target_hidden``), ``needs_extend`` (asks the
@@ -37,9 +44,29 @@ class BaseRule:
     min_k: int = 1
     history_tokens: int = 0  # output tokens per row the rule reads from VerifyInput.history (the loop fills them)
     _sources: tuple[str, ...] = ()
+    _coupling: str | None = None  # a rule with its own __call__: "own-draft" if it may run coupled (`coupling`)
+
+    def law(self, x: VerifyInput) -> TokenLaw:
+        """The rule's law at each drafted position of the chain in ``x`` (see `TokenLaw`)."""
+        raise NotImplementedError(f"{type(self).__name__} states no law: implement law(x) -> TokenLaw (or "
+                                  "__call__(x) -> Verdict for a rule that looks past one position)")
 
     def __call__(self, x: VerifyInput) -> Verdict:
-        raise NotImplementedError(f"{type(self).__name__} must implement __call__(x: VerifyInput) -> Verdict")
+        """The verdict on the chain in ``x``: the engine draws from `law` in the mode of ``x``."""
+        return decide(self, x)
+
+    @property
+    def states_law(self) -> bool:
+        """Whether the engine draws for this rule from its `law` (no ``__call__`` of its own)."""
+        return type(self).law is not BaseRule.law and type(self).__call__ is BaseRule.__call__
+
+    @property
+    def coupling(self) -> str | None:
+        """How a coupled run draws for this rule: ``"law"``, the engine draws the Gumbel-max of its emitted law;
+        ``"own-draft"``, the rule decides from the target's own coupled tokens (`target_choices`) and the draft
+        draws from noise of its own (then every draw it compares is independent, as uncoupled); ``None``: it
+        cannot run coupled (a rule with its own ``__call__`` that did not say which tokens it compares)."""
+        return "law" if self.states_law else self._coupling
 
     @property
     def artifacts(self) -> tuple[str, ...]:
@@ -77,26 +104,10 @@ def check_draft_length(rule: BaseRule, k: int) -> None:
                          "smaller window")
 
 
-def leading_true(mask: torch.Tensor) -> torch.LongTensor:
-    """Length of the all-True prefix of each row of a [B, k] bool mask."""
-    if mask.shape[-1] == 0:
-        return torch.zeros(mask.shape[0], dtype=torch.long, device=mask.device)
-    return mask.long().cumprod(dim=-1).sum(dim=-1)
-
-
-def prefix_mask(n: torch.LongTensor, k: int) -> torch.BoolTensor:
-    """[B, k] mask of the first n[b] positions of each row."""
-    return torch.arange(k, device=n.device)[None, :] < n[:, None]
-
-
-def at_position(t: torch.Tensor, pos: torch.LongTensor) -> torch.Tensor:
-    """Row b of the result is t[b, pos[b]] (t is [B, n, ...])."""
-    return t[torch.arange(t.shape[0], device=t.device), pos]
-
-
 def target_choices(x: VerifyInput) -> torch.LongTensor:
     """The target's own token at each of the k+1 positions: argmax, or a draw when sampling (with coupled
-    noise, the Gumbel-max of the warped logits at each position: the token the target alone would emit)."""
+    noise, the Gumbel-max of the warped logits at each position: the token the target alone would emit). For rules
+    that decide by comparing drafts with these tokens themselves (``coupling = "own-draft"``)."""
     if is_coupled(x.generator):
         return x.generator.choose(x.target_logits, tokens=x.draft.tokens)
     if x.do_sample:
@@ -104,32 +115,50 @@ def target_choices(x: VerifyInput) -> torch.LongTensor:
     return vocab_argmax(x.target_logits)
 
 
+def token_probs(x: VerifyInput) -> torch.Tensor:
+    """[B, k, V] p: the target's warped distribution at the drafted positions (T=1 under greedy decoding)."""
+    return x.target_probs[:, : x.k]
+
+
+def ratio(p: torch.Tensor, q: torch.Tensor | None) -> torch.Tensor:
+    """min(1, p/q) for every candidate (q=None: a deterministic draft, kept with probability p)."""
+    if q is None:
+        return p
+    return torch.where(q > 0, p / q.clamp_min(torch.finfo(q.dtype).tiny), torch.ones_like(p)).clamp(max=1.0)
+
+
+def one_hot_argmax(x: VerifyInput) -> torch.Tensor:
+    """[B, k, V] 1.0 at the target's argmax of each drafted position (greedy keeps exactly that)."""
+    logits = x.target_logits[:, : x.k]
+    return torch.zeros_like(logits, dtype=torch.float).scatter_(-1, vocab_argmax(logits)[..., None], 1.0)
+
+
 class GreedyMatch(BaseRule):
     """Keep the longest draft prefix equal to the target's own choices, then the target's next choice.
 
     Greedy: the choices are argmaxes, so output equals greedy target decoding. Sampling: the target
-    draws its token at every position and the draft must match the draw ("sample and compare"),
-    which is lossless but accepts less than `SpeculativeSampling`.
+    draws its token at every position and the draft must match the draw ("sample and compare"): x is kept with
+    probability p(x) and a refusal draws from p without x, which is lossless but accepts less than
+    `SpeculativeSampling`.
     """
 
     name = "greedy"
     lossless = True
 
-    def __call__(self, x: VerifyInput) -> Verdict:
-        choice = target_choices(x)
-        match = x.draft.tokens == choice[:, : x.k]
-        n = leading_true(match)
-        return Verdict(n, at_position(choice, n), {"exact": prefix_mask(n, x.k)})
+    def law(self, x: VerifyInput) -> TokenLaw:
+        if not x.do_sample:
+            return TokenLaw(one_hot_argmax(x))
+        return TokenLaw(token_probs(x).float(), target=0.0, without=1.0)
 
 
 class SpeculativeSampling(BaseRule):
     """Leviathan/Chen rejection sampling: accept x with prob min(1, p(x)/q(x)), else draw from (p-q)+.
 
     With no draft probabilities (a deterministic proposer) q is one-hot, so x is kept with prob p(x)
-    and a rejection draws from p with x removed. Under greedy decoding this is `GreedyMatch`, and
-    so it is under coupled noise (`semverify.engine.coupling`): drafts are kept while they equal the
-    coupled target token, which makes the output the target alone's whatever the drafter (trees too,
-    path by path), at the cost of accepting less than min(1, p/q) when the draft did not share the noise.
+    and a rejection draws from p with x removed. Under greedy decoding this is `GreedyMatch`, and under coupled
+    noise the engine keeps drafts while they equal the target's coupled token (its emitted law is p), which makes
+    the output the target alone's whatever the drafter (trees too, path by path); the drafts then accept as often
+    as the draft's noise agrees with the target's (`semverify.engine.coupling`).
     A sampled token tree is verified sibling by sibling with the same one-hot test
     (`verify_sampled_tree`); a subclass that changes the test must change that too.
     """
@@ -137,46 +166,15 @@ class SpeculativeSampling(BaseRule):
     name = "speculative"
     lossless = True
 
-    def __call__(self, x: VerifyInput) -> Verdict:
-        if not x.do_sample or is_coupled(x.generator):
-            return GreedyMatch()(x)
-        n = leading_true(ratio_test(x))
-        return Verdict(n, draw_after(x, n), {"ratio": prefix_mask(n, x.k)})
+    def law(self, x: VerifyInput) -> TokenLaw:
+        if not x.do_sample:
+            return TokenLaw(one_hot_argmax(x))
+        q = None if x.draft.probs is None else x.draft.probs[:, : x.k].float()
+        return TokenLaw(ratio(token_probs(x).float(), q), target=0.0, residual=1.0)
 
     def verify_sampled_tree(self, x: VerifyInput) -> tuple[list[int], Verdict]:
         """Sibling by sibling, lossless (see `semverify.engine.verification.sample_tree`)."""
         return sample_tree(x)
-
-
-def ratio_test(x: VerifyInput) -> torch.BoolTensor:
-    """[B, k] outcome of ``u < p(x)/q(x)`` at every draft position, one uniform u each (drawn here)."""
-    tokens = x.draft.tokens
-    p_x = x.target_probs[:, : x.k].gather(-1, tokens[..., None]).squeeze(-1)
-    q = x.draft.probs
-    q_x = q.gather(-1, tokens[..., None]).squeeze(-1) if q is not None else torch.ones_like(p_x)
-    u = uniform(tuple(p_x.shape), x.generator, p_x.device)
-    return u * q_x < p_x  # strict: u can be 0, and p(x)=0 must never pass
-
-
-def residual(p_n: torch.Tensor, q_n: torch.Tensor | None, token: torch.LongTensor) -> torch.Tensor:
-    """(p - q)+ at a rejected position; q=None means one-hot on the rejected ``token``."""
-    if q_n is None:
-        return p_n.scatter(-1, token[:, None], 0.0)
-    return (p_n - q_n).clamp_min(0.0)
-
-
-def draw_after(x: VerifyInput, n: torch.LongTensor) -> torch.LongTensor:
-    """The token that follows n accepted drafts: a residual draw if n < k, else the bonus from p."""
-    k = x.k
-    p_n = at_position(x.target_probs, n)
-    if k == 0:
-        return sample_from(p_n, x.generator)
-    rejected = n < k
-    at = n.clamp(max=k - 1)
-    q_n = at_position(x.draft.probs, at) if x.draft.probs is not None else None
-    res = residual(p_n, q_n, at_position(x.draft.tokens, at))
-    usable = rejected[:, None] & (res.sum(-1, keepdim=True) > 0)
-    return sample_from(torch.where(usable, res, p_n), x.generator)
 
 
 def entropy(probs: torch.Tensor) -> torch.Tensor:
@@ -188,8 +186,9 @@ class TypicalAcceptance(BaseRule):
     """Medusa's typical acceptance: keep x when p(x) > min(eps, delta * exp(-H(p))), or x is the argmax.
 
     Lossy: confident target positions demand high p(x), uncertain ones accept plausible tokens.
-    Its lossless limit is exact greedy matching: ``posterior_threshold >= 1`` with
-    ``posterior_alpha=float("inf")`` (the bound is then 1, which no p(x) exceeds).
+    Under greedy decoding its lossless limit is exact matching: ``posterior_threshold >= 1`` with
+    ``posterior_alpha=float("inf")`` (the bound is then 1, which no p(x) exceeds); sampled, the argmax is still kept
+    whatever the target draws, and a refusal draws from p (Medusa).
     """
 
     name = "typical"
@@ -200,15 +199,9 @@ class TypicalAcceptance(BaseRule):
         self.posterior_threshold = posterior_threshold
         self.posterior_alpha = posterior_alpha
 
-    def __call__(self, x: VerifyInput) -> Verdict:
-        tokens, k = x.draft.tokens, x.k
-        p = x.target_probs[:, :k]
-        choice = target_choices(x)
-        # the token a draft must equal: the argmax (Medusa), or under coupled noise the target's own token
-        top = choice[:, :k] if is_coupled(x.generator) else vocab_argmax(x.target_logits[:, :k])
-        exact = tokens == top
-        p_x = p.gather(-1, tokens[..., None]).squeeze(-1)
+    def law(self, x: VerifyInput) -> TokenLaw:
+        """Keep the argmax and every token above the bound (surely); a refusal draws from p (Medusa)."""
+        p = token_probs(x).float()
         bound = torch.clamp(self.posterior_alpha * torch.exp(-entropy(p)), max=self.posterior_threshold)
-        n = leading_true(exact | (p_x > bound))
-        kept = prefix_mask(n, k)
-        return Verdict(n, at_position(choice, n), {"exact": kept & exact, "typical": kept & ~exact}, target_tokens=top)
+        keep = torch.maximum(one_hot_argmax(x), (p > bound[..., None]).float())
+        return TokenLaw(keep, reason="typical")

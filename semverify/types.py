@@ -142,11 +142,61 @@ class Verdict:
     target_tokens: torch.LongTensor | None = None
 
 
+REFUSALS = ("target", "without", "residual", "draft")  # the laws a refusal mixes (see `TokenLaw`)
+
+
+@dataclass
+class TokenLaw:
+    """What a token rule decides at each drafted position of a chain, as laws; the engine draws from them.
+
+    At position i, with p the target's warped distribution, q the draft's (one-hot on the drafted token for a
+    deterministic drafter) and y any candidate token:
+    ``keep`` [B, k, V] is a(y), the probability of keeping y had it been drafted (0 or 1 under greedy decoding);
+    the refused token follows r_y = the mixture, with weights ``target``, ``without``, ``residual`` and ``draft``
+    (each [B, k, V] over the candidate y, or a number; summing to 1), of p, p without y, (p - q)+ and q, each
+    normalised (greedy decoding: the mixture's argmax). The emitted law is then
+    mu = sum_y q(y) [a(y) 1{. = y} + (1 - a(y)) r_y], which the engine draws under coupled noise.
+    ``refuse``: a rule whose refusal is not such a mixture gives it here, (position n [B], token [B]) -> [B, V]
+    weights, and ``uncoupled`` says why it has no stated emitted law (coupled runs refuse it with that line).
+    ``reason`` names what keeps a token the target would not have chosen; ``labels`` [B, k] narrow it by position
+    (the first that holds names it); ``refusal_labels`` [B, k] name a refusal of a token the lossless rule would
+    have kept there (EASD's penalty).
+    """
+
+    keep: torch.FloatTensor  # [B, k, V]
+    target: torch.Tensor | float = 1.0  # [B, k, V] or a number
+    without: torch.Tensor | float = 0.0
+    residual: torch.Tensor | float = 0.0
+    draft: torch.Tensor | float = 0.0
+    reason: str = "relaxed"
+    labels: dict[str, torch.BoolTensor] = field(default_factory=dict)  # [B, k] each
+    refusal_labels: dict[str, torch.BoolTensor] = field(default_factory=dict)  # [B, k] each
+    refuse: Callable[[torch.LongTensor, torch.LongTensor], torch.Tensor] | None = None
+    uncoupled: str | None = None
+
+    def where(self, mask: torch.BoolTensor, other: "TokenLaw") -> "TokenLaw":
+        """This law at the positions of ``mask`` [B, k], ``other``'s elsewhere (a rule limited to a phase)."""
+        if self.refuse is not None or other.refuse is not None:
+            raise ValueError("laws with a custom refusal cannot be merged by position")
+        m = mask[..., None]
+        pick = {name: torch.where(m, torch.as_tensor(getattr(self, name)), torch.as_tensor(getattr(other, name)))
+                .expand_as(self.keep) for name in ("keep", *REFUSALS)}
+        labels = {**{n: v & ~mask for n, v in other.labels.items()}, **{n: v & mask for n, v in self.labels.items()}}
+        refusal = {**{n: v & ~mask for n, v in other.refusal_labels.items()},
+                   **{n: v & mask for n, v in self.refusal_labels.items()}}
+        return TokenLaw(**pick, reason=self.reason, labels=labels, refusal_labels=refusal,
+                        uncoupled=self.uncoupled or other.uncoupled)
+
+
 class Judge(Protocol):
     """What the engine sees of an acceptance rule (`semverify.rules.BaseRule` is one): what it reads, a chain's
-    verdict and a tree's path."""
+    verdict and a tree's path, and how coupled runs may draw for it (``coupling``: ``"law"``, the engine draws
+    from the rule's `TokenLaw`; ``"own-draft"``, the rule decides from the target's own coupled tokens and the
+    draft draws from noise of its own; ``None``, coupled runs refuse it)."""
 
     name: str
+    lossless: bool
+    coupling: str | None
     needs_draft_probs: bool
     needs_hidden_states: bool
     needs_extend: bool

@@ -109,6 +109,7 @@ def checked_run(args: argparse.Namespace, methods: str | None, configs: list[str
     """The run of a command's arguments, checked and built once, every input error raised before a model loads."""
     from evals.provenance import RunSettings
     from evals.runner import CheckedRun
+    from semverify.engine.coupling import COUPLING_VERSION
 
     load_plugins(args.plugin, "--plugin")
     settings = RunSettings(
@@ -117,6 +118,7 @@ def checked_run(args: argparse.Namespace, methods: str | None, configs: list[str
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed, datastore=args.datastore,
         offset=args.offset, batch_size=args.batch_size, coupled=args.coupled, coupled_context=args.coupled_context,
         coupled_noise=coupled_noise(args), samples=args.samples if args.samples != 1 else None,
+        coupling=COUPLING_VERSION if args.coupled else None,
     )
     if args.coupled_context and not args.coupled:
         raise ValueError("--coupled-context N keys coupled noise by context; add --coupled")

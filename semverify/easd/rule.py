@@ -12,21 +12,8 @@ import math
 
 import torch
 
-from ..engine.argmax import vocab_argmax
-from ..engine.coupling import RESAMPLE_STREAM, is_coupled
-from ..engine.sampling import sample_from
-from ..rules import (
-    BaseRule,
-    SpeculativeSampling,
-    at_position,
-    draw_after,
-    entropy,
-    leading_true,
-    prefix_mask,
-    ratio_test,
-    target_choices,
-)
-from ..types import Verdict, VerifyInput
+from ..rules import BaseRule, entropy, one_hot_argmax, ratio, token_probs
+from ..types import TokenLaw, VerifyInput
 
 RESAMPLE = ("target", "residual")
 
@@ -35,13 +22,13 @@ class EntropyAwareRule(BaseRule):
     """Standard SD (ratio test when sampling, argmax match when greedy) plus the EASD penalty.
 
     Entropies are in nats over the warped distributions the tokens were drawn from (``normalize``
-    divides them by log|V|, so thresholds then lie in [0, 1]). After a penalty the token comes from
-    the target with the draft token removed (``resample="target"``; greedy: the target's second
-    choice) or from the SD residual of that distribution (``resample="residual"``). With either
-    threshold at +inf the rule is exactly `SpeculativeSampling`. Under coupled noise
-    (`semverify.engine.coupling`) acceptance is drafter-invariant (a draft token is kept while it equals the
-    coupled target token) instead of min(1, p/q), and the penalty's resample is the Gumbel-max of the
-    target's distribution without the draft token under a second noise stream.
+    divides them by log|V|, so thresholds then lie in [0, 1]). The law: where the penalty holds (both models
+    uncertain, top-N sets overlapping; a property of the position, not of the token), no token is kept; a token the
+    ratio test would have kept (probability min(1, p/q)) is replaced by a draw from the target without it
+    (``resample="target"``; greedy: the target's second choice) or from the SD residual of that
+    (``resample="residual"``), and a token the test refuses by a draw from (p - q)+, as in SD. Elsewhere it is SD.
+    With either threshold at +inf the rule is exactly `SpeculativeSampling`. Coupled runs draw the Gumbel-max of
+    its emitted law (closed form for ``resample="target"``; the residual form has none and is refused there).
     """
 
     name = "easd"
@@ -71,6 +58,7 @@ class EntropyAwareRule(BaseRule):
         self.top_n, self.overlap = int(top_n), float(overlap)
         self.resample, self.normalize = resample, bool(normalize)
         self.use_entropy, self.use_overlap = bool(use_entropy), bool(use_overlap)  # the paper's two ablations
+        self.lossless = self.use_entropy and (math.isinf(self.draft_entropy) or math.isinf(self.target_entropy))
 
     def __repr__(self) -> str:
         return (f"EntropyAwareRule(draft_entropy={self.draft_entropy:.4g}, target_entropy={self.target_entropy:.4g}, "
@@ -92,44 +80,42 @@ class EntropyAwareRule(BaseRule):
         return ((uncertain if self.use_entropy else torch.ones_like(uncertain))
                 & (agree if self.use_overlap else torch.ones_like(agree)))
 
-    def __call__(self, x: VerifyInput) -> Verdict:
+    def law(self, x: VerifyInput) -> TokenLaw:
         q = x.draft.probs
-        if x.k == 0:  # nothing drafted (an early-stopped or budget-capped step): the target's own token
-            verdict = SpeculativeSampling()(x)
-            verdict.reasons["penalty"] = torch.zeros_like(x.draft.tokens, dtype=torch.bool)
-            return verdict
         if q is None:
             raise ValueError("the easd rule needs the draft distribution q; use a model drafter, not a "
                              "deterministic one (prompt lookup, retrieval)")
-        tokens, k = x.draft.tokens, x.k
-        coupled = is_coupled(x.generator)
-        if x.do_sample and not coupled:
-            accept, reason = ratio_test(x), "ratio"
-        else:  # greedy, or coupled: the target's own token decides (drafter-invariant acceptance)
-            choice = target_choices(x)
-            accept, reason = tokens == choice[:, :k], "exact"
-        n_sd = leading_true(accept)
-        n = leading_true(accept & ~self.uncertain_agreement(q, x.target_probs[:, :k]))
-        penalised = n < n_sd
-        if bool(penalised.all()):  # (batch 1) only the penalty's draw is made
-            next_token = self._penalty_token(x, n)
-        else:
-            next_token = draw_after(x, n) if x.do_sample and not coupled else at_position(choice, n)
-            if bool(penalised.any()):
-                next_token = torch.where(penalised, self._penalty_token(x, n), next_token)
-        penalty = prefix_mask(n + 1, k) & ~prefix_mask(n, k) & penalised[:, None]
-        return Verdict(n, next_token, {reason: prefix_mask(n, k), "penalty": penalty})
+        p, q = token_probs(x), q[:, : x.k].float()
+        penalised = self.uncertain_agreement(q, p)  # [B, k]
+        pen = penalised[..., None]
+        labels = {"penalty": penalised}
+        if not x.do_sample:  # the argmax is refused where penalised, and the second choice follows
+            top = one_hot_argmax(x)
+            without = top * pen
+            return TokenLaw(top * ~pen, target=1.0 - without, without=without, reason="easd", refusal_labels=labels)
+        a = ratio(p, q)
+        keep = a * ~pen
+        if self.resample == "target":
+            return TokenLaw(keep, target=0.0, without=a * pen, residual=1.0 - a * pen, reason="easd",
+                            refusal_labels=labels)
+        return TokenLaw(keep, target=0.0, residual=1.0, reason="easd", refusal_labels=labels,
+                        refuse=lambda at, tok: self._residual_refusal(x, penalised, at, tok),
+                        uncoupled="easd with resample='residual' has no closed-form emitted law, so coupled runs "
+                                  "cannot draw it; use resample='target' (the default) or an uncoupled run")
 
-    def _penalty_token(self, x: VerifyInput, n: torch.LongTensor) -> torch.LongTensor:
-        """The target's token at position n with the draft token there excluded."""
-        at = n.clamp(max=x.k - 1)
-        drafted = at_position(x.draft.tokens, at)[:, None]
-        if not x.do_sample:
-            return vocab_argmax(at_position(x.target_logits, n).scatter(-1, drafted, float("-inf")))
-        p_n = at_position(x.target_probs, n)
-        without = p_n.scatter(-1, drafted, 0.0)
-        if self.resample == "residual":
-            res = (without - at_position(x.draft.probs, at)).clamp_min(0.0)
-            without = torch.where(res.sum(-1, keepdim=True) > 0, res, without)
-        return sample_from(torch.where(without.sum(-1, keepdim=True) > 0, without, p_n), x.generator, positions=n,
-                           stream=RESAMPLE_STREAM, tokens=x.draft.tokens)
+    @staticmethod
+    def _residual_refusal(x: VerifyInput, penalised: torch.BoolTensor, at: torch.LongTensor,
+                          tok: torch.LongTensor) -> torch.Tensor:
+        """[B, V] the refusal law of ``resample="residual"`` at positions ``at`` for drafted tokens ``tok``: where
+        penalised, (p without x - q)+ for a token SD would keep (else p without x), and (p - q)+ for one it refuses."""
+        rows = torch.arange(tok.shape[0], device=tok.device)
+        p, q = x.target_probs[rows, at], x.draft.probs[rows, at].float()
+        a = ratio(p, q).gather(-1, tok[:, None])
+        without = p.scatter(-1, tok[:, None], 0.0)
+        penalty = (without - q).clamp_min(0.0)
+        penalty = torch.where(penalty.sum(-1, keepdim=True) > 0, penalty, without)
+        residual = (p - q).clamp_min(0.0)
+        residual = torch.where(residual.sum(-1, keepdim=True) > 0, residual, p)
+        mixed = a * penalty / penalty.sum(-1, keepdim=True).clamp_min(1e-30) + (1 - a) * residual / residual.sum(
+            -1, keepdim=True).clamp_min(1e-30)
+        return torch.where(penalised[rows, at][:, None], mixed, residual)

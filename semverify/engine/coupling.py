@@ -25,8 +25,12 @@ import torch
 
 from .argmax import vocab_argmax
 
-# the noise streams: the target's token, EASD's resample, other uniform draws (a step rule's test)
-TARGET_STREAM, RESAMPLE_STREAM, AUXILIARY_STREAM = 0, 1, 2
+# the noise streams: the target's token, EASD's resample (coupling 1), other uniform draws (a step rule's test), and
+# the draft's own tokens where a rule decides from the target's coupled tokens itself (`CoupledNoise.drafting`)
+TARGET_STREAM, RESAMPLE_STREAM, AUXILIARY_STREAM, DRAFT_STREAM = 0, 1, 2, 3
+# how coupled runs draw the emitted tokens: 1, each rule's own coupled branch (rows before 2026-12-07); 2, the
+# engine draws the Gumbel-max of the rule's emitted law (`semverify.engine.drawing`). Rows record it.
+COUPLING_VERSION = 2
 NOISE_KINDS = ("counter", "legacy")  # how a key becomes noise over the vocabulary (see the module's docstring)
 _M32 = 0xFFFFFFFF
 
@@ -102,7 +106,7 @@ class CoupledNoise:
     """
 
     def __init__(self, seed: int, sample: int = 0, *, offset: int = 0, context: int | None = None,
-                 noise: str = "counter", _shared: _Shared | None = None) -> None:
+                 noise: str = "counter", _shared: _Shared | None = None, _draft: bool = False) -> None:
         if context is not None and context < 1:
             raise ValueError(f"context must be None (position keys) or >= 1 tokens, got {context}")
         if noise not in NOISE_KINDS:
@@ -110,6 +114,7 @@ class CoupledNoise:
         self.seed, self.sample, self.offset, self.context = int(seed), int(sample), int(offset), context
         self.noise = noise
         self._shared = _Shared() if _shared is None else _shared
+        self._draft = _draft  # target-stream draws go to DRAFT_STREAM (`drafting`)
 
     def __repr__(self) -> str:
         keys = "" if self.context is None else f", context={self.context}"
@@ -131,7 +136,14 @@ class CoupledNoise:
                 del shared.cache[key]
             shared.offset = offset
         return CoupledNoise(self.seed, self.sample, offset=offset, context=self.context, noise=self.noise,
-                            _shared=shared)
+                            _shared=shared, _draft=self._draft)
+
+    def drafting(self) -> "CoupledNoise":
+        """This noise for a drafter whose tokens must not share the target's noise: its target-stream draws come
+        from a stream of their own (a rule that decides by comparing drafts with the target's own tokens, over a
+        window or a whole step, keeps its law only when the two are drawn independently)."""
+        return CoupledNoise(self.seed, self.sample, offset=self.offset, context=self.context, noise=self.noise,
+                            _shared=self._shared, _draft=True)
 
     def _follow(self, offset: int, tokens: list[int]) -> None:
         """Count the contexts of the output positions before ``offset``, going on from what was counted (anew
@@ -170,6 +182,8 @@ class CoupledNoise:
 
     def _seeds(self, positions: Sequence[int], vocab: int, stream: int, tokens: Sequence[int]) -> list[tuple]:
         """The key of each draw: (stream, absolute position, vocab), or (stream, occurrences, context...)."""
+        if self._draft and stream == TARGET_STREAM:
+            stream = DRAFT_STREAM
         if self.context is None:
             return [(stream, self.offset + int(p), vocab) for p in positions]
         return [(stream, *self._context_key(int(p), tokens)) for p in positions]
@@ -187,11 +201,11 @@ class CoupledNoise:
             tuple(full[max(0, end + j - n) : end + j]) == context for j in range(position))
         return (seen, *context)
 
-    def choose(self, logits: torch.Tensor, positions: torch.Tensor | Sequence[int] | int | None = None,
-               stream: int = TARGET_STREAM, tokens: torch.Tensor | Sequence[int] = ()) -> torch.LongTensor:
-        """Gumbel-max tokens of warped ``logits`` [..., V] (log-probabilities do as well); ``positions``
-        (relative, broadcast to ``logits.shape[:-1]``) default to 0, 1, ... along the last position axis.
-        ``tokens``: the step's tokens before those positions (one path: a draft chain), for context keys."""
+    def gumbel_like(self, logits: torch.Tensor, positions: torch.Tensor | Sequence[int] | int | None = None,
+                    stream: int = TARGET_STREAM, tokens: torch.Tensor | Sequence[int] = ()) -> torch.Tensor:
+        """Gumbel noise shaped as ``logits`` [..., V]; ``positions`` (relative, broadcast to ``logits.shape[:-1]``)
+        default to 0, 1, ... along the last position axis. ``tokens``: the step's tokens before those positions
+        (one path: a draft chain), for context keys."""
         shape, vocab = logits.shape[:-1], logits.shape[-1]
         if positions is None:
             if not shape:
@@ -199,8 +213,13 @@ class CoupledNoise:
             positions = torch.arange(shape[-1])
         pos = torch.as_tensor(positions, dtype=torch.long).expand(shape).reshape(-1).tolist()
         path = torch.as_tensor(tokens).reshape(-1).tolist() if self.context is not None else ()
-        noise = self.noise_at(pos, vocab, stream, path, logits.device)
-        return vocab_argmax(logits.reshape(-1, vocab).float() + noise).reshape(shape)
+        return self.noise_at(pos, vocab, stream, path, logits.device).reshape(logits.shape)
+
+    def choose(self, logits: torch.Tensor, positions: torch.Tensor | Sequence[int] | int | None = None,
+               stream: int = TARGET_STREAM, tokens: torch.Tensor | Sequence[int] = ()) -> torch.LongTensor:
+        """Gumbel-max tokens of warped ``logits`` [..., V] (log-probabilities do as well), with the noise of
+        `gumbel_like`."""
+        return vocab_argmax(logits.float() + self.gumbel_like(logits, positions, stream, tokens))
 
     def generator(self, position: int = 0) -> torch.Generator:
         """A torch stream for the auxiliary draws at relative ``position`` (a step rule's uniform); keyed by
@@ -215,10 +234,10 @@ class CoupledRows:
     def __init__(self, rows: Sequence[CoupledNoise]) -> None:
         self.rows = list(rows)
 
-    def choose(self, logits: torch.Tensor, positions: torch.Tensor | Sequence[int] | int | None = None,
-               stream: int = TARGET_STREAM, tokens: torch.Tensor | Sequence[int] = ()) -> torch.LongTensor:
-        """`CoupledNoise.choose` for [B, ..., V] ``logits`` whose row b draws from ``rows[b]`` (``positions`` and
-        ``tokens`` broadcast as there; ``tokens`` [B, ...] per row)."""
+    def gumbel_like(self, logits: torch.Tensor, positions: torch.Tensor | Sequence[int] | int | None = None,
+                    stream: int = TARGET_STREAM, tokens: torch.Tensor | Sequence[int] = ()) -> torch.Tensor:
+        """`CoupledNoise.gumbel_like` for [B, ..., V] ``logits`` whose row b draws from ``rows[b]`` (``positions``
+        and ``tokens`` broadcast as there; ``tokens`` [B, ...] per row)."""
         shape, vocab, batch = logits.shape[:-1], logits.shape[-1], len(self.rows)
         if positions is None:
             if len(shape) < 2:
@@ -230,11 +249,14 @@ class CoupledRows:
         if all(row.noise == "counter" for row in self.rows):
             keys = [mix(row.seed, row.sample, *seed) for row, p, path in zip(self.rows, pos, paths)
                     for seed in row._seeds(p, vocab, stream, path)]
-            noise = counter_gumbel(keys, vocab, logits.device)
-        else:
-            noise = torch.cat([row.noise_at(p, vocab, stream, path, logits.device)
-                               for row, p, path in zip(self.rows, pos, paths)])
-        return vocab_argmax(logits.reshape(-1, vocab).float() + noise).reshape(shape)
+            return counter_gumbel(keys, vocab, logits.device).reshape(logits.shape)
+        return torch.cat([row.noise_at(p, vocab, stream, path, logits.device)
+                          for row, p, path in zip(self.rows, pos, paths)]).reshape(logits.shape)
+
+    def choose(self, logits: torch.Tensor, positions: torch.Tensor | Sequence[int] | int | None = None,
+               stream: int = TARGET_STREAM, tokens: torch.Tensor | Sequence[int] = ()) -> torch.LongTensor:
+        """`CoupledNoise.choose` row by row (each row its own noise), in one batched operation."""
+        return vocab_argmax(logits.float() + self.gumbel_like(logits, positions, stream, tokens))
 
     def generator(self, position: int = 0) -> list[torch.Generator]:
         """Each row's auxiliary stream (`uniform` then draws row by row)."""

@@ -19,6 +19,7 @@ from ..stats import SpecStats
 from ..types import Draft, Judge, Verdict, VerifyInput, eos_ids
 from .cache import RowCache, keep_first
 from .clock import device_clock
+from .coupling import is_coupled
 from .drafting import Drafter, RowDrafter, row_drafter
 from .rows import Emitted, Rows, left_pad, to_host
 from .sampling import Generators, Sampler
@@ -59,6 +60,7 @@ def speculative_generate(
     """
     prompts = prompt_rows(input_ids, attention_mask)
     _check_call(drafter, rule, k, max_new_tokens, len(prompts), streamer)
+    _check_coupling(rule, generator)
     rows = Rows(prompts, generator if isinstance(generator, (list, tuple)) else [generator] * len(prompts),
                 input_ids.device)
     eos, clock = set(eos_ids(eos_token_id)), device_clock(input_ids.device, wait=profile)
@@ -106,7 +108,9 @@ def propose(drafts: RowDrafter, rows: Rows, k: int, max_new_tokens: int, sampler
     whose long step draft is unfinished waits), and the rows' sequences and random streams."""
     ks, sequences = rows.budgets(k, max_new_tokens), rows.sequences()
     gens = rows.generators(sequences)
-    draft = (drafts.propose_rows(sequences, ks, sampler, gens) if max(ks) > 0
+    own = getattr(rule, "coupling", None) == "own-draft"  # drafts apart from the target's noise (CoupledNoise.drafting)
+    draft = (drafts.propose_rows(sequences, ks, sampler, [g.drafting() if own and is_coupled(g) else g for g in gens])
+             if max(ks) > 0
              else Draft.empty(len(rows), rows.tokens.device))
     _check_draft(draft, ks, rule, sampler)
     ready = list(range(len(rows))) if draft.waiting is None else (~draft.waiting).nonzero().flatten().tolist()
@@ -269,6 +273,16 @@ def _check_call(drafter: Drafter, rule: Judge, k: int, max_new_tokens: int, batc
                          "one row's cache; decode with batch size 1")
     if streamer is not None and batch > 1:
         raise ValueError("a streamer takes one sequence, as in transformers; decode with batch size 1 to stream")
+
+
+def _check_coupling(rule: Judge, generator: Generators) -> None:
+    """Refuse coupled noise for a rule that does not say how a coupled run may draw for it."""
+    streams = generator if isinstance(generator, (list, tuple)) else [generator]
+    if any(map(is_coupled, streams)) and getattr(rule, "coupling", None) is None:
+        raise ValueError(f"rule {rule.name!r} cannot run with coupled noise: it states no law (implement "
+                         "law(x) -> TokenLaw, and the engine draws for it in every mode), and it did not say that it "
+                         "decides from the target's own tokens (target_choices) with drafts drawn apart (set "
+                         "_coupling = 'own-draft'); see docs/contributing.md")
 
 
 def _check_draft(draft: Draft, ks: list[int], rule: Judge, sampler: Sampler) -> None:

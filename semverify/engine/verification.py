@@ -20,15 +20,17 @@ from .tree import leaf_paths
 def verify_rows(rule: Judge, x: VerifyInput) -> tuple[list[list[int]], Verdict]:
     """Each row's judged path and one verdict for the batch, every row judged as it would be alone.
 
-    Chain drafts whose draws are keyed by position (greedy, or coupled noise) go to the rule once per group of
-    rows with the same draft length (a padded position is never judged); rows whose draws consume a random
+    Chain drafts go to the rule once per group of rows with the same draft length (a padded position is never
+    judged) when the engine draws for the rule (it states its law: each row's draws come from its own stream) or
+    the draws are keyed by position (greedy, or coupled noise); rows of another rule whose draws consume a random
     stream, and tree or step drafts (`Draft.rows`), go one row at a time, each on its own draft."""
     batch, draft = x.draft.tokens.shape[0], x.draft
     if batch == 1 and draft.lengths is None:
         path, verdict = verify_one(rule, x)
         return [path], verdict
     generators = list(x.generator) if isinstance(x.generator, (list, tuple)) else [x.generator] * batch
-    if draft.rows is None and not draft.is_tree and (not x.do_sample or all(map(is_coupled, generators))):
+    by_law = getattr(rule, "states_law", False)
+    if draft.rows is None and not draft.is_tree and (by_law or not x.do_sample or all(map(is_coupled, generators))):
         lengths = [draft.length] * batch if draft.lengths is None else draft.lengths.tolist()
         groups = [[i for i in range(batch) if lengths[i] == n] for n in sorted(set(lengths))]
         parts = [(rows, rule(_rows_input(x, rows, lengths[rows[0]], generators))) for rows in groups]

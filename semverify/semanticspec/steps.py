@@ -39,6 +39,7 @@ class StepRule(BaseRule):
     """
 
     preferred_drafter = "step"  # with assistant_model=, generate() drafts whole steps
+    _coupling = "own-draft"  # a step is judged whole; coupled steps are drafted on noise of their own
 
     def __init__(self, token_rule: BaseRule | None = None, veto_top_k: int | None = None,
                  veto_confidence: float = 0.9, veto_floor: float = 0.0) -> None:

@@ -10,8 +10,17 @@ import math
 
 import torch
 
-from ..rules import BaseRule, at_position, entropy, leading_true, prefix_mask, target_choices
-from ..types import Verdict, VerifyInput
+from ..rules import (
+    BaseRule,
+    at_position,
+    entropy,
+    leading_true,
+    one_hot_argmax,
+    prefix_mask,
+    target_choices,
+    token_probs,
+)
+from ..types import TokenLaw, Verdict, VerifyInput
 
 
 def isolated_mismatch(exact: torch.BoolTensor, window: int) -> torch.BoolTensor:
@@ -44,11 +53,16 @@ class SoftGate(BaseRule):
     """SENSE's soft-gated evaluation: G = exact OR (H(p)/log|V| > theta_e AND (draft in top-k of p OR an
     isolated mismatch within a window of w)).
 
-    The longest gated prefix is kept and the target's own (greedy) token follows. theta_e = 1 (a
-    normalised entropy never exceeds 1) reduces it to exact greedy matching, i.e. lossless.
+    The longest gated prefix is kept and the target's own token follows. "Exact" compares the draft with the
+    target's own token: its argmax, or when sampling its draw (so a token outside the rescues is kept with
+    probability p(x) and a refusal draws from p without it). The window looks past the position, so with
+    ``window > 0`` on drafts as long as the window the rule decides by itself from the target's own tokens, and a
+    coupled run draws the draft from noise of its own (``coupling = "own-draft"``); otherwise it states its law.
+    theta_e = 1 (a normalised entropy never exceeds 1) reduces it to exact matching, i.e. lossless.
     """
 
     name = "sense"
+    _coupling = "own-draft"
 
     def __init__(self, theta_e: float = 0.05, top_k: int = 3, window: int = 6) -> None:
         if not 0.0 <= theta_e <= 1.0:
@@ -56,21 +70,43 @@ class SoftGate(BaseRule):
         if top_k < 0 or window < 0:
             raise ValueError("top_k and window must be >= 0 (0 switches that rescue off)")
         self.theta_e, self.top_k, self.window = float(theta_e), int(top_k), int(window)
+        self.lossless = self.theta_e >= 1.0
+
+    @property
+    def states_law(self) -> bool:
+        """Without a window the gate is local to each position: the engine draws from its law."""
+        return self.window == 0
+
+    @property
+    def coupling(self) -> str:
+        return "law" if self.states_law else self._coupling
+
+    def rescued(self, x: VerifyInput) -> tuple[torch.BoolTensor, torch.Tensor]:
+        """[B, k] positions where the target is uncertain, and [B, k, V] 1.0 at its top-k tokens there."""
+        p = token_probs(x)
+        uncertain = entropy(p) / math.log(p.shape[-1]) > self.theta_e
+        top = torch.zeros_like(p)
+        if self.top_k:
+            top.scatter_(-1, p.topk(min(self.top_k, p.shape[-1]), dim=-1).indices, 1.0)
+        return uncertain, top * uncertain[..., None]
+
+    def law(self, x: VerifyInput) -> TokenLaw:
+        _, rescued = self.rescued(x)
+        if not x.do_sample:
+            return TokenLaw(torch.maximum(one_hot_argmax(x), rescued), reason="topk")
+        return TokenLaw(torch.maximum(token_probs(x), rescued), target=0.0, without=1.0, reason="topk")
 
     def __call__(self, x: VerifyInput) -> Verdict:
+        if self.window == 0 or x.k < self.window:  # the window cannot fire: the gate is local
+            return super().__call__(x)
         tokens, k = x.draft.tokens, x.k
         choice = target_choices(x)
         exact = tokens == choice[:, :k]
-        p = x.target_probs[:, :k]
-        uncertain = entropy(p) / math.log(p.shape[-1]) > self.theta_e
-        if self.top_k:
-            in_top = (p.topk(min(self.top_k, p.shape[-1]), dim=-1).indices == tokens[..., None]).any(-1)
-        else:
-            in_top = torch.zeros_like(exact)
+        uncertain, rescued = self.rescued(x)
+        in_top = rescued.gather(-1, tokens[..., None]).squeeze(-1).bool()
         isolated = isolated_mismatch(exact, self.window)
-        gate = exact | (uncertain & (in_top | isolated))
-        return _kept_with_reasons(gate, exact, {"topk": uncertain & in_top, "window": uncertain & isolated},
-                                  x, choice)
+        gate = exact | in_top | (uncertain & isolated)
+        return _kept_with_reasons(gate, exact, {"topk": in_top, "window": uncertain & isolated}, x, choice)
 
 
 class DeferredWindow(BaseRule):
@@ -83,6 +119,7 @@ class DeferredWindow(BaseRule):
     """
 
     name = "fly"
+    _coupling = "own-draft"  # the window compares drafts with the target's own tokens past the position
 
     def __init__(self, entropy_threshold: float = 0.3, window: int = 6) -> None:
         if entropy_threshold < 0 or window < 0:

@@ -33,6 +33,8 @@ SAMPLERS = [Sampler(True, 1.0), Sampler(True, 0.7, top_k=5, top_p=0.9)]
 class AcceptEverything(SpeculativeSampling):
     """Deliberately broken: keeps every draft token, then the coupled target token (output follows the drafter)."""
 
+    _coupling = "own-draft"  # it decides by itself; coupled runs draw its drafts apart
+
     def __call__(self, x):
         n = torch.full((1,), x.k, dtype=torch.long)
         return Verdict(n, at_position(target_choices(x), n), {"exact": prefix_mask(n, x.k)})
@@ -184,8 +186,8 @@ def test_coupled_batch_rows_equal_their_rows_alone(wide, drafting, context):
         assert torch.equal(out[row, : alone.shape[1]], alone[0])
 
 
-LOSSLESS_LIMITS = {
-    "typical": {"posterior_threshold": 1.0, "posterior_alpha": math.inf},
+LOSSLESS_LIMITS = {  # (typical's limit, argmax matching, is lossless under greedy decoding only: sampled, Medusa's
+    # rule keeps the target's argmax whatever the draw)
     "sense": {"theta_e": 1.0},
     "fly": {"window": 0},
     "easd": {"draft_entropy": math.inf, "target_entropy": math.inf},
@@ -208,7 +210,7 @@ def test_a_lossy_rule_differs_from_coupled_vanilla_only_after_it_decides_otherwi
     rule = get_rule("easd", draft_entropy=0.0, target_entropy=0.0, overlap=0.2)
     expected, _ = coupled(target, NoDrafter(), tokens=60)
     out, stats = coupled(target, ModelDrafter(draft), rule=rule, tokens=60)
-    assert stats.reasons.get("penalty", 0) > 0
+    assert "penalty" in stats.reasons  # the penalty is everywhere here: the emitted law is the penalised one
     differs = (out[0] != expected[0]).nonzero()
     assert len(differs), "the penalty changed no token"
 

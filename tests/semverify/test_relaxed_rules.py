@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-import semverify.relaxed as relaxed
+import semverify.engine.drawing as drawing
 import semverify.rules as rules
 from semverify import NoDrafter, Sampler, generate, get_rule
 from semverify.engine.coupling import CoupledNoise
@@ -18,7 +18,7 @@ from semverify.engine.verification import verify_rows
 from semverify.methods import Method, get_method, parse_method
 from semverify.registry import RunContext, available_rules
 from semverify.relaxed import EnsembleVerification, MarginAwareVerification, RelaxedTopK, ThresholdAcceptance
-from semverify.rules import GreedyMatch, SpeculativeSampling, target_choices
+from semverify.rules import GreedyMatch, SpeculativeSampling
 from semverify.types import Draft, Verdict, VerifyInput
 from tests.helpers import check_verdict_bounds, tiny_model
 from tests.semverify.test_batch import left_padded
@@ -36,11 +36,10 @@ def make(tokens, probs_or_logits, q=None, do_sample=False, generator=None, logit
 
 
 def fixed_uniform(monkeypatch, value: float) -> None:
-    """Every uniform the rules draw is ``value`` (the engines' coins, made deterministic)."""
+    """Every uniform the engine draws for a rule is ``value`` (the engines' coins, made deterministic)."""
     def fake(shape, generator=None, device=None):
         return torch.full(shape, value)
-    monkeypatch.setattr(relaxed, "uniform", fake)
-    monkeypatch.setattr(rules, "uniform", fake)
+    monkeypatch.setattr(drawing, "uniform", fake)
 
 
 UNIFORM_ROW = [1 / V] * V
@@ -79,28 +78,6 @@ def test_threshold_leaves_greedy_decoding_to_argmax_matching():
     p = [[[0.30, 0.70, 0, 0, 0, 0], UNIFORM_ROW]]
     v = ThresholdAcceptance(0.0, 0.01)(make([[0]], p))
     assert v.n_accepted.tolist() == [0] and v.next_token.tolist() == [1]
-
-
-def coupled_token_other_than(token: int, p) -> CoupledNoise:
-    """Coupled noise whose draw at position 0 of ``p`` is not ``token``."""
-    logits = torch.log(torch.as_tensor(p, dtype=torch.float))
-    for seed in range(100):
-        noise = CoupledNoise(seed)
-        if int(noise.choose(logits)[0, 0]) != token:
-            return noise
-    raise AssertionError("no seed draws another token")
-
-
-@pytest.mark.parametrize("coin,kept", [(0.40, 1), (0.45, 0)])
-def test_threshold_under_coupled_noise_adds_sglangs_extra_chance(monkeypatch, coin, kept):
-    """p(x) = 0.3, threshold_acc = 0.5: SGLang keeps x with probability 0.6; coupled, x not the coupled token is
-    kept when the auxiliary uniform < (0.6 - 0.3) / (1 - 0.3) = 0.4286."""
-    fixed_uniform(monkeypatch, coin)
-    p = [[[0.30, 0.70, 0, 0, 0, 0], UNIFORM_ROW]]
-    x = make([[0]], p, do_sample=True, generator=coupled_token_other_than(0, p))
-    v = ThresholdAcceptance(1.0, 0.5)(x)
-    assert v.n_accepted.tolist() == [kept]
-    assert v.next_token.tolist() == [int(target_choices(x)[0, kept])]  # the coupled token follows
 
 
 # -- TensorRT-LLM: relaxed_topk / relaxed_delta ------------------------------------------------------------------
@@ -188,26 +165,50 @@ def test_ensemble_below_one_needs_the_draft_distribution():
     assert EnsembleVerification(0.5).needs_draft_probs and not EnsembleVerification(1.0).needs_draft_probs
 
 
-# -- MARS: margin-aware verification ----------------------------------------------------------------------------
-# keep x if x == top-1, or x == top-2 and z(2) / z(1) > theta (logits).
+# -- MARS: the authors' evaluate_posterior (mars/model/utils.py) ----------------------------------------------------
+# greedy: argmax matching; sampling: where z(2) / (z(1) + 1e-10) > theta keep x iff it is the top-1 or top-2 (no coin,
+# a refusal draws from the whole p); elsewhere the ratio test, and a refusal draws from p without x.
 
 MARS_TABLE = [
-    # logits at position 0, theta, draft token, kept?
+    # logits at position 0, theta, draft token, kept? (sampling, the coin at 0.99: the ratio test refuses)
     pytest.param([10, 9.5, 3, 1, 0, -1], 0.9, 1, 1, id="ratio 0.95 > 0.9"),
     pytest.param([10, 9.5, 3, 1, 0, -1], 0.9, 2, 0, id="top-3 never"),
-    pytest.param([10, 8, 3, 1, 0, -1], 0.9, 1, 0, id="ratio 0.8"),
+    pytest.param([10, 8, 3, 1, 0, -1], 0.9, 1, 0, id="ratio 0.8: the ratio test"),
     pytest.param([10, 8, 3, 1, 0, -1], 0.75, 1, 1, id="ratio 0.8 > 0.75"),
-    pytest.param([10, 9.9, 3, 1, 0, -1], 1.0, 1, 0, id="theta 1 is strict"),
-    pytest.param([-1, -1.05, -3, -4, -5, -6], 0.9, 1, 0, id="no ratio without a positive top logit"),
+    pytest.param([-1, -1.05, -3, -4, -5, -6], 0.9, 1, 1, id="a negative top logit relaxes, as theirs"),
+    pytest.param([1e-12, -1, -3, -4, -5, -6], 0.9, 1, 0, id="z(1) > 0 > z(2): no relaxation"),
 ]
 
 
 @pytest.mark.parametrize("z,theta,token,kept", MARS_TABLE)
-def test_mars_keeps_the_runner_up_where_the_logit_ratio_is_high(z, theta, token, kept):
-    v = MarginAwareVerification(theta)(make([[token]], [[z, [0.0] * V]], logits=True))
+def test_mars_is_the_authors_evaluate_posterior(monkeypatch, z, theta, token, kept):
+    fixed_uniform(monkeypatch, 0.99)
+    q = [[[0.0] * V]]
+    q[0][0][token] = 1.0
+    v = MarginAwareVerification(theta)(make([[token]], [[z, [0.0] * V]], q=q, do_sample=True, logits=True))
     assert v.n_accepted.tolist() == [kept]
-    if not kept:
-        assert v.next_token.tolist() == [0]
+
+
+def test_mars_relaxes_nothing_under_greedy_decoding():
+    v = MarginAwareVerification(0.5)(make([[1]], [[[10, 9.9, 3, 1, 0, -1], [0.0] * V]], logits=True))
+    assert v.n_accepted.tolist() == [0] and v.next_token.tolist() == [0]
+
+
+def test_mars_refusals_draw_from_p_without_x_where_decided_and_from_p_where_undecided(monkeypatch):
+    fixed_uniform(monkeypatch, 0.99)
+    decided, undecided = [5.0, 1.0, 0.5, 0, 0, 0], [1.0, 0.95, 0.9, 0, 0, 0]
+    for z, refused_can_repeat in ((decided, False), (undecided, True)):
+        seen = set()
+        for seed in range(300):
+            drafted = 2 if z is decided else 3
+            q = [[[float(t == drafted) for t in range(V)]]]
+            x = make([[drafted]], [[z, [0.0] * V]], q=q, do_sample=True,
+                     generator=torch.Generator().manual_seed(seed), logits=True)
+            v = MarginAwareVerification(0.9)(x)
+            assert v.n_accepted.tolist() == [0]
+            seen.add(int(v.next_token))
+        drafted = 2 if z is decided else 3
+        assert (drafted in seen) == refused_can_repeat
 
 
 # -- lossless limits on random tensors: token for token ----------------------------------------------------------
@@ -219,7 +220,6 @@ LIMITS = {
     "relaxed_topk delta 0": lambda: RelaxedTopK(5, 0.0),
     "relaxed_topk log delta 0": lambda: RelaxedTopK(5, 0.0, "log"),
     "ensemble weight 1": lambda: EnsembleVerification(1.0),
-    "mars theta 1": lambda: MarginAwareVerification(1.0),
 }
 MODES = ["greedy", "coupled", "sampled"]
 
@@ -272,7 +272,7 @@ def test_lossy_settings_keep_more_and_report_it(name, mode):
     v = rule(x)
     n, _ = check_verdict_bounds(x, v)
     reference = SpeculativeSampling()(random_input(mode, 1))
-    if name != "threshold" or mode != "greedy":  # SGLang leaves greedy decoding alone
+    if name not in ("threshold", "mars") or mode != "greedy":  # SGLang and MARS leave greedy decoding alone
         assert int(n.sum()) > int(reference.n_accepted.sum())
     union = torch.zeros_like(x.draft.tokens, dtype=torch.bool)
     for mask in v.reasons.values():
@@ -322,7 +322,6 @@ E2E_LIMITS = [
     ("relaxed_topk", {"topk": 1, "delta": 0.5}),
     ("relaxed_topk", {"topk": 3, "delta": 0.0}),
     ("ensemble", {"weight": 1.0}),
-    ("mars", {"theta": 1.0}),
 ]
 ROWS = [torch.tensor([3, 17, 9, 41, 5, 22, 8]), torch.tensor([30, 2, 11])]
 
@@ -332,7 +331,10 @@ def pair():
     return tiny_model(0, vocab=64, init_std=0.3), tiny_model(0, vocab=64, init_std=0.3, layers=1)
 
 
-@pytest.mark.parametrize("name,params", E2E_LIMITS, ids=[f"{n}{p}" for n, p in E2E_LIMITS])
+GREEDY_LIMITS = [*E2E_LIMITS, ("mars", {"theta": 0.9})]  # MARS relaxes nothing under greedy decoding
+
+
+@pytest.mark.parametrize("name,params", GREEDY_LIMITS, ids=[f"{n}{p}" for n, p in GREEDY_LIMITS])
 def test_at_the_lossless_limit_greedy_generation_equals_the_target_alone(pair, name, params):
     target, draft = pair
     ids, mask = left_padded(ROWS)
@@ -365,7 +367,7 @@ def test_at_the_lossless_limit_coupled_sampling_equals_vanilla(pair, name, param
 def test_a_lossy_setting_changes_coupled_output_and_logs_substitutions(pair):
     target, draft = pair
     prompt = ROWS[0]
-    out = generate(target, prompt[None], assistant_model=draft, rule=get_rule("relaxed_topk", topk=5, delta=1.0),
+    out = generate(target, prompt[None], assistant_model=draft, rule=get_rule("relaxed_topk", topk=40, delta=1.0),
                    num_assistant_tokens=4, max_new_tokens=24, do_sample=True, temperature=0.8,
                    generator=CoupledNoise(3), return_dict_in_generate=True)
     assert out.spec_stats.reasons.get("topk", 0) > 0 and out.spec_stats.substitutions
@@ -386,8 +388,8 @@ def test_a_lossy_setting_changes_coupled_output_and_logs_substitutions(pair):
     (lambda: EnsembleVerification(weight=0.0), "weight"),
     (lambda: EnsembleVerification(weight=1.2), "weight"),
     (lambda: EnsembleVerification(weight=math.nan), "weight"),
-    (lambda: MarginAwareVerification(theta=1.1), "theta"),
-    (lambda: MarginAwareVerification(theta=-0.1), "theta"),
+    (lambda: MarginAwareVerification(theta="high"), "theta"),
+    (lambda: MarginAwareVerification(theta=math.nan), "theta"),
 ])
 def test_bad_parameters_are_refused_naming_the_argument(build, argument):
     with pytest.raises(ValueError, match=argument):
@@ -397,8 +399,8 @@ def test_bad_parameters_are_refused_naming_the_argument(build, argument):
 def test_rules_and_presets_are_registered():
     assert {"threshold", "relaxed_topk", "ensemble", "mars"} <= set(available_rules())
     for name in ("threshold", "relaxed_topk", "ensemble", "mars"):
-        rule = get_rule(name)
-        assert rule.name == name and not rule.lossless
+        rule = get_rule(name)  # the engines' defaults are lossless; MARS has no lossless setting when sampling
+        assert rule.name == name and rule.lossless == (name != "mars")
         method = get_method(name)
         assert method.drafter == "model" and method.k == 5 and method.rule == name
         assert not method.lossless(RunContext())
