@@ -14,12 +14,10 @@ import torch
 
 from .engine.argmax import vocab_argmax
 from .engine.coupling import is_coupled
-from .engine.drawing import decide
+from .engine.drawing import at_position, decide, leading_true, prefix_mask  # noqa: F401  (rules build on them)
 from .engine.sampling import sample_from
 from .engine.verification import sample_tree, verify_paths
 from .types import TokenLaw, Verdict, VerifyInput
-
-COUPLINGS = ("law", "own-draft")  # how a coupled run draws for a rule (see `BaseRule.coupling`)
 
 
 class BaseRule:
