@@ -108,3 +108,26 @@ def test_a_rebuilt_store_is_refused_unless_repinned_and_then_recorded(tmp_path):
     (record,) = run["repinned"]
     assert record["files"] == [{"file": "ds.pt", "for": "method 'vanilla'", "then": "11", "now": "22"}]
     prepare_run(tmp_path, settings, methods, pins("22"), {"vanilla"})  # the new file is the pin from now on
+
+
+def test_coupled_rows_of_the_old_construction_are_never_resumed_under_the_new_one(tmp_path):
+    """A coupled run started under coupling 1 (no "coupling" in its settings) is refused under coupling 2 with one
+    line that says why and what to do; an uncoupled run is not concerned."""
+    from evals.provenance import RunSettings, prepare_run
+
+    methods, pins = [get_method("vanilla")], {"data": {}, "methods": {}}
+    for name in ("coupled", "fresh", "greedy"):
+        (tmp_path / name).mkdir()
+    old = RunSettings(target="t", draft="d", do_sample=True, coupled=True)
+    prepare_run(tmp_path / "coupled", old, methods, pins, {"vanilla"})
+    run = json.loads((tmp_path / "coupled" / "run.json").read_text())
+    del run["settings"]["coupling"]  # as the runs before coupling 2 recorded it
+    (tmp_path / "coupled" / "run.json").write_text(json.dumps(run))
+    new = RunSettings(target="t", draft="d", do_sample=True, coupled=True, coupling=2)
+    with pytest.raises(ValueError, match=r"coupled rows drawn under coupling 1 .* never pooled.* new --out"):
+        prepare_run(tmp_path / "coupled", new, methods, pins, {"vanilla"})
+    prepare_run(tmp_path / "fresh", new, methods, pins, {"vanilla"})
+    prepare_run(tmp_path / "fresh", new, methods, pins, {"vanilla"})  # the same construction resumes
+    greedy = RunSettings(target="t", draft="d")
+    prepare_run(tmp_path / "greedy", greedy, methods, pins, {"vanilla"})
+    prepare_run(tmp_path / "greedy", greedy, methods, pins, {"vanilla"})

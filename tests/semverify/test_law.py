@@ -189,3 +189,22 @@ def test_generate_emits_each_rule_law_coupled_and_uncoupled(pair, name):
 @pytest.mark.parametrize("name", sorted(WINDOW_RULES))
 def test_window_rules_have_one_law_coupled_and_uncoupled(pair, name):
     check_coupled_like_uncoupled(build(name), *pair, PROMPTS, k=3, new_tokens=2, rows=1500).raise_if_failed()
+
+
+def test_coupled_runs_refuse_a_rule_that_states_no_law_with_one_line(pair):
+    from semverify import BaseRule, generate
+    from semverify.rules import GreedyMatch
+
+    class Mine(BaseRule):  # a plugin's rule with its own __call__ and nothing said about coupling
+        name = "mine"
+
+        def __call__(self, x):
+            return GreedyMatch()(x)
+
+    target, draft = pair
+    ids = torch.tensor([PROMPTS[0]])
+    with pytest.raises(ValueError, match="rule 'mine' cannot run with coupled noise: it states no law"):
+        generate(target, ids, assistant_model=draft, rule=Mine(), do_sample=True, max_new_tokens=3,
+                 generator=CoupledNoise(0))
+    generate(target, ids, assistant_model=draft, rule=Mine(), do_sample=True, max_new_tokens=3,
+             generator=torch.Generator().manual_seed(0))  # uncoupled it runs
