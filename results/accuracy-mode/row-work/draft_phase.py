@@ -1,7 +1,9 @@
 """The draft phase of step-sized drafts in a batch of 32 (the 0.5B draft model, float32, greedy, 3 rounds of
 drafts whose lengths are drawn from the steps of vanilla's gsm8k-500 outputs), with rows that stop drafting
 leaving the forwards (RowSubset) and without (its `keep` disabled), in the order on, off, off, on.
-Run from the repository root: HF_HUB_OFFLINE=1 python results/accuracy-mode/row-work/draft_phase.py"""
+Run from the repository root at the code it measured (git checkout af427cd): HF_HUB_OFFLINE=1 python
+results/accuracy-mode/row-work/draft_phase.py. It patches RowSubset and imports semverify.sampling, both gone since
+the engine package and batched drafting: kept as the record of that measurement, not runnable on later code."""
 
 import json
 import random
