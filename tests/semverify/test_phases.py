@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from semverify.engine.coupling import CoupledNoise
-from semverify.methods import parse_method
+from semverify.methods import get_method, parse_method
 from semverify.phases import Phased, marker_ids
 from semverify.registry import RunContext, get_rule
 from semverify.relaxed import RelaxedTopK
@@ -78,6 +78,24 @@ def test_from_the_output_start_until_the_end_marker():
     assert rule(make([-1, 3, 4], [5, 6], [0, 0, 0])).n_accepted.tolist() == [2]
     assert rule(make([11, 9, 3], [5, 6], [0, 0, 0])).n_accepted.tolist() == [0]
     assert rule(make([3], [5, 11, 9], [0, 11, 9, 0])).n_accepted.tolist() == [3]
+
+
+def test_read_once_per_step_a_drafted_end_marker_leaves_the_rest_of_the_draft_relaxed():
+    """TensorRT-LLM reads the phase once per verification step: a closing marker inside a draft takes effect from
+    the next step (``switch="step"``); read by position, the marker and what follows it are the target's."""
+    x = make([10, 3], [5, 6, 11, 9, 8], [5, 6, 0, 0, 0, 0])
+    assert phased(switch="step")(x).n_accepted.tolist() == [5]
+    assert phased()(x).n_accepted.tolist() == [2]
+    after = make([10, 3, 11, 9], [5, 6], [0, 0, 0])  # the next step: outside, exact matching
+    assert phased(switch="step")(after).n_accepted.tolist() == [0]
+    with pytest.raises(ValueError, match="phase_switch"):
+        phased(switch="token")
+
+
+def test_tensorrt_llms_preset_reads_its_phase_per_step():
+    rule = get_method("relaxed_topk_trt").checked_rule(RunContext(tokenizer=byte_tokenizer()))
+    assert isinstance(rule, Phased) and rule.switch == "step" and not rule.start and rule.end
+    assert (rule.inner.topk, rule.inner.delta) == (10, 0.6)
 
 
 def test_a_marker_older_than_the_window_is_forgotten():
