@@ -30,11 +30,14 @@ def style_of(output: str) -> str:
     return "program" if program_of(output) is not None else "prose"
 
 
-def graded_rows(run_dir: str | Path) -> list[dict]:
-    """The run's rows graded as `semverify report` grades them (today's graders, and an output cut off at the cap
-    without a final answer is no answer), so the tables add up to the report's counts; a folder without
-    ``run.json`` keeps the rows' stored grades. Grading runs GSM8K program answers, hence the progress bar."""
+def graded_rows(run_dir: str | Path, methods: set[str] | None = None) -> list[dict]:
+    """The run's rows (of ``methods`` only, if given) graded as `semverify report` grades them (today's graders, and
+    an output cut off at the cap without a final answer is no answer), so the tables add up to the report's counts; a
+    folder without ``run.json`` keeps the rows' stored grades. Grading runs GSM8K program answers, hence the
+    progress bar."""
     rows, s = read_rows(run_dir), run_settings(run_dir)
+    if methods is not None:
+        rows = [row for row in rows if row["method"] in methods]
     if not s:
         return rows
     bench = get_benchmark(s["benchmark"])

@@ -38,7 +38,8 @@ def side_by_side(old_dir: str | Path, new_dir: str | Path, methods: list[str], r
     token-identical outputs."""
     old_s, new_s = run_settings(old_dir), run_settings(new_dir)
     versions = (old_s.get("coupling") or 1, new_s.get("coupling") or 1)
-    old, new = _by_key(graded_rows(old_dir)), _by_key(graded_rows(new_dir))
+    wanted = {*methods, reference}
+    old, new = _by_key(graded_rows(old_dir, wanted)), _by_key(graded_rows(new_dir, wanted))
     if reference not in old:
         raise ValueError(f"no rows of the reference {reference!r} in {old_dir}")
     result: dict = {"old": str(old_dir), "new": str(new_dir), "couplings": list(versions), "reference": reference,
