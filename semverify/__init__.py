@@ -28,7 +28,7 @@ from .registry import (
     register_drafter,
     register_rule,
 )
-from .rules import AcceptanceRule, BaseRule, GreedyMatch, SpeculativeSampling, TypicalAcceptance
+from .rules import BaseRule, GreedyMatch, SpeculativeSampling, TypicalAcceptance
 from .semanticspec.drafts import StepDraft, StepTokensDraft
 from .stats import SpecStats
 from .types import Draft, StepOutcome, TokenLaw, Verdict, VerifyInput
@@ -36,7 +36,7 @@ from .types import Draft, StepOutcome, TokenLaw, Verdict, VerifyInput
 __version__ = "0.2.0"
 
 __all__ = [
-    "AcceptanceRule", "BaseDrafter", "BaseRule", "CoupledNoise", "DEFAULT_DRAFT", "DEFAULT_TARGET", "Draft",
+    "BaseDrafter", "BaseRule", "CoupledNoise", "DEFAULT_DRAFT", "DEFAULT_TARGET", "Draft",
     "DraftResources", "Drafter",
     "DrafterKind", "GreedyMatch", "HybridDrafter", "Method", "ModelDrafter", "ModelTreeDrafter", "NoDrafter",
     "OFFLINE_MODELS", "PromptLookupDrafter",
@@ -46,3 +46,12 @@ __all__ = [
     "available_rules", "generate", "get_rule", "load_model", "load_plugins", "make_drafter", "register_drafter",
     "register_method", "register_rule", "speculative_generate",
 ]
+
+
+def __getattr__(name: str):
+    """Deprecated names, kept for one release (``AcceptanceRule``: use `BaseRule`)."""
+    if name == "AcceptanceRule":
+        from . import rules
+
+        return getattr(rules, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -11,8 +11,9 @@ from transformers import GenerationConfig, LogitsProcessorList, PreTrainedModel,
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from .drafters import Drafter
-from .engine.coupling import CoupledNoise, is_coupled
+from .engine.coupling import CoupledNoise
 from .engine.loop import prompt_rows, speculative_generate
+from .engine.noise import call_noise
 from .engine.sampling import Sampler
 from .generation_config import processors, refuse_unsupported, setting
 from .generation_config import stopping_criteria as build_criteria
@@ -32,26 +33,14 @@ class SpecGenerateOutput(GenerateDecoderOnlyOutput):
     spec_stats: SpecStats | None = None
 
 
-def generate(
-    model: PreTrainedModel,
-    inputs: torch.LongTensor | None = None,
-    *,
-    rule: str | BaseRule = "speculative",
-    assistant_model: PreTrainedModel | None = None,
-    drafter: Drafter | None = None,
-    num_assistant_tokens: int | str | None = None,
-    prompt_lookup_num_tokens: int | None = None,
-    generation_config: GenerationConfig | None = None,
-    streamer=None,
-    tokenizer=None,
-    assistant_tokenizer=None,
-    attention_mask: torch.Tensor | None = None,
-    generator: torch.Generator | CoupledNoise | list[torch.Generator | CoupledNoise] | None = None,
-    logits_processor: LogitsProcessorList | None = None,
-    stopping_criteria: StoppingCriteriaList | None = None,
-    acceptance: str | BaseRule | None = None,
-    **kwargs,
-) -> torch.LongTensor | SpecGenerateOutput:
+def generate(model: PreTrainedModel, inputs: torch.LongTensor | None = None, *, rule: str | BaseRule = "speculative",
+             assistant_model: PreTrainedModel | None = None, drafter: Drafter | None = None,
+             num_assistant_tokens: int | str | None = None, prompt_lookup_num_tokens: int | None = None,
+             generation_config: GenerationConfig | None = None, streamer=None, tokenizer=None, assistant_tokenizer=None,
+             attention_mask: torch.Tensor | None = None,  # [B, prompt length] 1 for real tokens, left-padded
+             generator: torch.Generator | CoupledNoise | list[torch.Generator | CoupledNoise] | None = None,
+             logits_processor: LogitsProcessorList | None = None, stopping_criteria: StoppingCriteriaList | None = None,
+             acceptance: str | BaseRule | None = None, **kwargs) -> torch.LongTensor | SpecGenerateOutput:
     """Decode like ``model.generate``, verifying drafts with the acceptance ``rule``.
 
     A batch is left-padded with its ``attention_mask``, as transformers batches; each row keeps its own
@@ -82,6 +71,29 @@ def generate(
     if acceptance is not None:
         warnings.warn("generate(acceptance=...) is now generate(rule=...)", FutureWarning, stacklevel=2)
         rule = acceptance
+    input_ids, config = _prompt_and_config(model, inputs, generation_config, kwargs)  # input_ids: [B, prompt length]
+    sampler = _sampler(model, config, prompt_rows(input_ids, attention_mask), logits_processor)
+    rule = get_rule(rule, RunContext.for_decoding(None if assistant_model is None else assistant_model.name_or_path,
+                                                  model.name_or_path, sampler.do_sample, sampler.temperature,
+                                                  tokenizer))
+    drafter, k = _pick_drafter(model, rule, assistant_model, drafter, num_assistant_tokens, prompt_lookup_num_tokens,
+                               config, tokenizer, assistant_tokenizer)
+    max_new = _max_new_tokens(config, input_ids.shape[1])
+    generator = call_noise(generator, input_ids.shape[0], input_ids.device)
+    if streamer is not None and input_ids.shape[0] == 1:
+        streamer.put(input_ids.cpu())
+    sequences, stats = speculative_generate(
+        model, input_ids, drafter=drafter, rule=rule, k=k, max_new_tokens=max_new, sampler=sampler,
+        eos_token_id=config.eos_token_id, generator=generator, streamer=streamer, attention_mask=attention_mask,
+        pad_token_id=_pad_token_id(config), stopping_criteria=build_criteria(config, tokenizer, stopping_criteria))
+    return SpecGenerateOutput(sequences=sequences, spec_stats=stats) if config.return_dict_in_generate else sequences
+
+
+def _prompt_and_config(model: PreTrainedModel, inputs: torch.LongTensor | None,
+                       generation_config: GenerationConfig | None,
+                       kwargs: dict) -> tuple[torch.LongTensor, GenerationConfig]:
+    """The prompt ids [B, prompt length] (``inputs``, else ``input_ids`` popped from ``kwargs``) and a copy of the
+    generation config updated with ``kwargs``, refusing unknown and unsupported settings first."""
     input_ids = kwargs.pop("input_ids", None) if inputs is None else inputs
     if input_ids is None:
         raise ValueError("pass the prompt token ids as inputs or input_ids")
@@ -91,51 +103,29 @@ def generate(
         raise TypeError(f"generate() got unexpected keyword arguments: {', '.join(unknown)}")
     refuse_unsupported(config, kwargs)  # before transformers validates the settings it would not use here
     config.update(**kwargs)
-    prompts = prompt_rows(input_ids, attention_mask)
-    sampler = Sampler(*(setting(config, name) for name in ("do_sample", "temperature", "top_k", "top_p")),
-                      processors=processors(model, config, prompts, logits_processor))
-    context = RunContext.for_decoding(None if assistant_model is None else assistant_model.name_or_path,
-                                      model.name_or_path,
-                                      sampler.do_sample, sampler.temperature, tokenizer)
-    rule = get_rule(rule, context)
-    drafter, k = _pick_drafter(model, rule, assistant_model, drafter, num_assistant_tokens, prompt_lookup_num_tokens,
-                               config, tokenizer, assistant_tokenizer)
-    max_new = config.max_new_tokens
-    if max_new is None:
-        max_new = setting(config, "max_length") - input_ids.shape[1]
-    generator = row_generators(generator, input_ids.shape[0], input_ids.device)
-    if streamer is not None and input_ids.shape[0] == 1:
-        streamer.put(input_ids.cpu())
+    return input_ids, config
+
+
+def _sampler(model: PreTrainedModel, config: GenerationConfig, prompts: list[torch.LongTensor],
+             logits_processor: LogitsProcessorList | None) -> Sampler:
+    """The call's sampling settings, with the logits processors that ``config`` and ``logits_processor`` ask for."""
+    return Sampler(*(setting(config, name) for name in ("do_sample", "temperature", "top_k", "top_p")),
+                   processors=processors(model, config, prompts, logits_processor))
+
+
+def _max_new_tokens(config: GenerationConfig, prompt_length: int) -> int:
+    """``max_new_tokens``, else what ``max_length`` leaves after the prompt."""
+    if config.max_new_tokens is not None:
+        return config.max_new_tokens
+    return setting(config, "max_length") - prompt_length
+
+
+def _pad_token_id(config: GenerationConfig) -> int | None:
+    """The pad token of finished rows: ``pad_token_id``, else the first end-of-sequence token."""
+    if config.pad_token_id is not None:
+        return config.pad_token_id
     eos = eos_ids(config.eos_token_id)
-    sequences, stats = speculative_generate(
-        model, input_ids, drafter=drafter, rule=rule, k=k,
-        max_new_tokens=max_new, sampler=sampler, eos_token_id=config.eos_token_id,
-        generator=generator, streamer=streamer, attention_mask=attention_mask,
-        pad_token_id=config.pad_token_id if config.pad_token_id is not None else (eos[0] if eos else None),
-        stopping_criteria=build_criteria(config, tokenizer, stopping_criteria),
-    )
-    if config.return_dict_in_generate:
-        return SpecGenerateOutput(sequences=sequences, spec_stats=stats)
-    return sequences
-
-
-def row_generators(generator: torch.Generator | list[torch.Generator] | None, batch: int,
-                   device: torch.device | str = "cpu") -> torch.Generator | list[torch.Generator]:
-    """The random streams of a call: ``generator`` as given for one row (a fresh one seeded from torch's
-    global RNG when None), else one per row, each seeded from ``generator`` (or the global RNG) in row
-    order, so a row's draws do not depend on the other rows' content. One
-    `CoupledNoise` for a batch gives each row noise derived from it."""
-    if isinstance(generator, (list, tuple)):
-        if len(generator) != batch:
-            raise ValueError(f"pass one generator per row: got {len(generator)} for a batch of {batch}")
-        return list(generator)
-    if batch == 1 and generator is not None:
-        return generator
-    if is_coupled(generator):  # one noise for a batch: each row its own, derived in row order
-        return [generator.row(i) for i in range(batch)]
-    seeds = [int(torch.randint(2**62, (1,), generator=generator)) for _ in range(batch)]
-    streams = [torch.Generator(device=device).manual_seed(seed) for seed in seeds]
-    return streams[0] if batch == 1 else streams
+    return eos[0] if eos else None
 
 
 def _pick_drafter(model, rule, assistant_model, drafter, num_assistant_tokens, prompt_lookup_num_tokens,

@@ -10,12 +10,13 @@ forward), so they are tested on hand-built tensors.
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 from .engine.argmax import vocab_argmax
-from .engine.coupling import is_coupled
 from .engine.drawing import at_position, decide, leading_true, prefix_mask  # noqa: F401  (rules build on them)
-from .engine.sampling import sample_from
+from .engine.noise import is_coupled, sample_from
 from .engine.verification import sample_tree, verify_paths
 from .types import TokenLaw, Verdict, VerifyInput
 
@@ -91,7 +92,13 @@ class BaseRule:
                                   "do_sample=False or a chain drafter")
 
 
-AcceptanceRule = BaseRule  # the former name of the contract, kept for type hints in user code
+def __getattr__(name: str):
+    """``AcceptanceRule``, the former name of `BaseRule`: deprecated, kept for one release (until 0.3)."""
+    if name == "AcceptanceRule":
+        warnings.warn("semverify.AcceptanceRule is deprecated and goes in 0.3; use semverify.BaseRule (a rule) or "
+                      "semverify.types.Judge (what the engine sees of one)", DeprecationWarning, stacklevel=2)
+        return BaseRule
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def check_draft_length(rule: BaseRule, k: int) -> None:

@@ -4,14 +4,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Callable, Protocol
+from typing import TYPE_CHECKING, Callable, Literal, Protocol
 
 import torch
+
+if TYPE_CHECKING:
+    from .engine.noise import Noise
 
 
 def eos_ids(eos_token_id: int | list[int] | None) -> list[int]:
     """transformers' ``eos_token_id`` (one id, a list of ids, or None) as a list of ids."""
     return [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id or [])
+
+
+DraftKind = Literal["chain", "chains", "tree", "rows"]  # see `Draft.kind`
 
 
 @dataclass
@@ -56,6 +62,27 @@ class Draft:
     @property
     def is_tree(self) -> bool:
         return self.parents is not None
+
+    @property
+    def kind(self) -> DraftKind:
+        """How the batch drafted: ``"chain"`` (every row k tokens, together), ``"chains"`` (together, rows of
+        different ``lengths``), ``"tree"`` (one tree for the batch, ``parents``) or ``"rows"`` (each row apart,
+        ``rows``: its own chain, tree or step). Orthogonal to ``waiting``, which says which rows are verified."""
+        if self.parents is not None:
+            return "tree"
+        if self.rows is not None:
+            return "rows"
+        return "chain" if self.lengths is None else "chains"
+
+    def row_lengths(self) -> list[int]:
+        """[B] how many real tokens each row drafted (one read of ``lengths`` to the host)."""
+        return [self.length] * self.tokens.shape[0] if self.lengths is None else self.lengths.tolist()
+
+    def mask(self) -> torch.BoolTensor:
+        """[B, n] which columns hold real tokens (all, unless rows drafted different lengths)."""
+        if self.lengths is None:
+            return torch.ones_like(self.tokens, dtype=torch.bool)
+        return torch.arange(self.length, device=self.tokens.device)[None, :] < self.lengths[:, None]
 
     @property
     def branches(self) -> bool:
@@ -109,7 +136,7 @@ class VerifyInput:
     target_logits: torch.FloatTensor  # [B, k+1, V]
     do_sample: bool
     target_hidden: torch.FloatTensor | None = None  # [B, k+1, H], last layer
-    generator: torch.Generator | None = None
+    generator: Noise = None  # the rows' noise (`semverify.engine.noise`): a stream, one per row, or coupled
     extend: Callable[[torch.LongTensor], torch.FloatTensor] | None = None
     history: torch.LongTensor | None = None  # [B, L] each row's latest output tokens, right-aligned, -1 before
     output_lengths: torch.LongTensor | None = None  # [B] output tokens each row has so far
@@ -202,9 +229,13 @@ class Judge(Protocol):
     needs_extend: bool
     history_tokens: int
 
-    def __call__(self, x: VerifyInput) -> Verdict: ...
+    def __call__(self, x: VerifyInput) -> Verdict:
+        """The verdict on a chain draft: ``x.draft.tokens`` [B, k], ``x.target_logits`` [B, k+1, V] ->
+        ``n_accepted`` [B], ``next_token`` [B], ``reasons`` {name: [B, k]}."""
 
-    def verify_tree(self, x: VerifyInput) -> tuple[list[int], Verdict]: ...
+    def verify_tree(self, x: VerifyInput) -> tuple[list[int], Verdict]:
+        """One row's tree draft (``x.draft.parents`` [n], ``x.target_logits`` [1, n+1, V]): the judged path (node
+        indices, root to leaf) and its verdict."""
 
 
 @dataclass(frozen=True)

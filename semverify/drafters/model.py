@@ -3,6 +3,7 @@ cache rolled back to each row's accepted prefix."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable, NamedTuple
 
 import torch
@@ -10,7 +11,8 @@ from transformers import PreTrainedModel
 
 from ..engine.argmax import vocab_argmax
 from ..engine.cache import RowCache, RowSubset
-from ..engine.sampling import Sampler, sample_rows
+from ..engine.noise import sample_rows
+from ..engine.sampling import Sampler
 from ..planner import DraftPlanner
 from ..rules import entropy
 from ..types import Draft, StepOutcome, eos_ids
@@ -41,12 +43,87 @@ def widened(buffer: torch.Tensor | None, row: torch.Tensor, width: int, most: in
 
 def draw(logits: torch.Tensor, q: torch.Tensor, sampler: Sampler, generators: list, lengths: list[int],
          tokens: torch.LongTensor, active: list[int]) -> torch.LongTensor:
-    """The next draft token of each ``active`` row: the argmax, or a draw from ``q`` at the row's draft position
-    from its own stream (the rows' coupled noise in one batched draw)."""
+    """The next draft token [A] of each ``active`` row: the argmax of ``logits`` [B, V], or a draw from ``q``
+    [B, V] at the row's draft position (``tokens`` [B, most]: its draft so far) from its own stream (the rows'
+    coupled noise in one batched draw)."""
     if not sampler.do_sample:
         return vocab_argmax(logits[active])
     return sample_rows(q[active], [generators[row] for row in active], [lengths[row] for row in active],
                        tokens[active])
+
+
+@dataclass
+class DraftRow:
+    """One row's drafting state across calls: `ModelDrafter.keep_rows` keeps or drops it whole, so no field of
+    a row can be left behind when the batch shrinks."""
+
+    length: int  # with adaptive: the row's draft length now
+    fed: int = 0  # tokens of the row's sequence (then its unverified draft) held in the cache
+    base: int = 0  # the row's sequence length at its last draft
+    partial: Unfinished | None = None  # the draft it waits to finish
+
+
+@dataclass
+class DraftBuffers:
+    """What one `ModelDrafter.draft_rows` call writes, each row at its own draft positions."""
+
+    tokens: torch.LongTensor  # [B, most] each row's draft tokens
+    lengths: list[int]  # each row's draft tokens so far
+    most: int  # the longest draft any row may reach this call
+    probs: torch.Tensor | None = None  # [B, <= most, V] the draft distribution at each position
+    hidden: torch.Tensor | None = None  # [B, <= most, H] with keep_hidden: the last hidden state at each position
+    scratch: torch.LongTensor | None = None  # [B, longest sequence + most] with logits processors: each row's
+    # sequence, then its draft, written as drawn
+    base: torch.LongTensor | None = None  # [B] with scratch: each row's sequence length
+
+    @classmethod
+    def resumed(cls, sequences: list[torch.LongTensor], partial: list[Unfinished | None], most: int,
+                device: torch.device, with_prefixes: bool) -> DraftBuffers:
+        """Buffers holding the drafts of rows that waited (they draft on where they stopped); ``with_prefixes``:
+        the scratch rows that logits processors read."""
+        batch = len(sequences)
+        tokens = torch.zeros(batch, most, dtype=torch.long, device=device)
+        lengths = [0] * batch
+        for row, part in enumerate(partial):
+            if part is not None:
+                lengths[row] = len(part.tokens)
+                tokens[row, : len(part.tokens)] = part.tokens
+        buffers = cls(tokens, lengths, most)
+        if with_prefixes:
+            buffers.base = torch.tensor([len(seq) for seq in sequences], device=device)
+            buffers.scratch = torch.zeros(batch, int(buffers.base.max()) + most, dtype=torch.long, device=device)
+            for row, seq in enumerate(sequences):
+                buffers.scratch[row, : len(seq) + lengths[row]] = torch.cat([seq, tokens[row, : lengths[row]]])
+        return buffers
+
+    def prefixes(self, sequences: list[torch.LongTensor]) -> list[torch.LongTensor] | None:
+        """Each row's sequence and draft so far, for the logits processors (None without them)."""
+        if self.scratch is None:
+            return None
+        return [self.scratch[row, : len(seq) + self.lengths[row]] for row, seq in enumerate(sequences)]
+
+    def record(self, active: list[int], drawn: torch.LongTensor, q: torch.Tensor, last: torch.Tensor | None) -> None:
+        """Write the ``active`` rows' ``drawn`` tokens [A], with their distributions ``q`` [B, V] and last hidden
+        states ``last`` [B, H] (with keep_hidden), at each row's next position."""
+        room = max(self.lengths[row] for row in active) + 1
+        self.probs = widened(self.probs, q, room, self.most)
+        if last is not None:
+            self.hidden = widened(self.hidden, last, room, self.most)
+        index = torch.tensor(active, device=self.tokens.device)
+        at = torch.tensor([self.lengths[row] for row in active], device=self.tokens.device)
+        self.tokens[index, at], self.probs[index, at] = drawn, q[index]
+        if last is not None:
+            self.hidden[index, at] = last[index]
+        if self.scratch is not None:
+            self.scratch[index, self.base[index] + at] = drawn
+        for row in active:
+            self.lengths[row] += 1
+
+    def newest(self, drafting: list[bool]) -> tuple[torch.LongTensor, torch.BoolTensor]:
+        """The next forward's columns: each row's newest draft token [B, 1], real for the rows ``drafting``."""
+        device = self.tokens.device
+        feed = self.tokens.gather(1, (torch.tensor(self.lengths, device=device)[:, None] - 1).clamp_min(0))
+        return feed, torch.tensor(drafting, device=device)[:, None]
 
 
 class ModelDrafter(BaseDrafter):
@@ -80,27 +157,28 @@ class ModelDrafter(BaseDrafter):
         if adaptive and planner is not None:
             raise ValueError("use adaptive or a planner, not both")
         self.adaptive, self.start, self.planner = adaptive, start, planner
-        self.lengths: list[int] = []  # with adaptive: each row's draft length now
         if eos_token_id is None:
             eos_token_id = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
         self.eos = set(eos_ids(eos_token_id))
         self.rows: RowCache | None = None
-        self.fed: list[int] = []  # tokens of each row's sequence (then its unverified draft) held in the cache
-        self.partial: list[Unfinished | None] = []  # per row: the draft it waits to finish
-        self._base: list[int] = []  # each row's sequence length at the last draft
+        self.states: list[DraftRow] = []  # per row: its draft length, cache fill and unfinished draft
 
     @property
     def cache(self):
         """The draft model's transformers cache."""
         return self.rows.cache
 
+    @property
+    def lengths(self) -> list[int]:
+        """With adaptive: each row's draft length now."""
+        return [state.length for state in self.states]
+
     def reset(self, input_ids: torch.LongTensor) -> None:
         self.reset_rows([input_ids[0]])
 
     def reset_rows(self, prompts: list[torch.LongTensor]) -> None:
         self.rows = RowCache(self.model, len(prompts), role="draft model")
-        self.fed, self.partial, self._base = [0] * len(prompts), [None] * len(prompts), [0] * len(prompts)
-        self.lengths = [self.start] * len(prompts)
+        self.states = [DraftRow(self.start) for _ in prompts]
 
     def propose(self, input_ids: torch.LongTensor, k: int, sampler: Sampler,
                 generator: torch.Generator | None) -> Draft:
@@ -116,95 +194,99 @@ class ModelDrafter(BaseDrafter):
     def draft_rows(self, sequences: list[torch.LongTensor], ks: list[int], sampler: Sampler, generators: list,
                    stop: Stop | list[Stop | None] | None = None, keep_hidden: bool = False,
                    ride_to: list[int] | None = None, rounds: int | None = None) -> tuple[Draft, torch.Tensor | None]:
-        """Up to ``ks[b]`` tokens after each row's sequence, drafted together: one forward per draft
+        """Up to ``ks[b]`` tokens after each row's sequence [n_b], drafted together: one forward per draft
         token for all rows still drafting. ``stop``: one test for every row, or one per row (None: none).
         ``ride_to``: a row may draft on to this length while another row still drafts within its own
         ``ks`` (the batched forwards run for it anyway). ``rounds``: once this many forwards have run and
         some row has finished, rows still drafting stop here and wait (``Draft.waiting``): they draft on
         where they stopped at the next call, with the same ``ks`` and ``stop``, and are not verified
-        meanwhile. Returns the padded draft with its ``lengths`` (and hidden states)."""
-        if self.adaptive:
-            ks = [min(k, length) for k, length in zip(ks, self.lengths)]
-        elif self.planner is not None:  # one length for the batch, planned from the pooled acceptance
-            planned = self.planner.choose()
-            ks = [min(k, planned) for k in ks]
-        batch, device = len(sequences), self.model.device
+        meanwhile. Returns the padded draft [B, n] with its ``lengths`` (and hidden states [B, n, H])."""
+        ks = self._planned(ks)
         caps = ks if ride_to is None else [max(k, r) for k, r in zip(ks, ride_to)]
-        most = max(caps)
-        self._base = [len(seq) for seq in sequences]
+        for state, seq in zip(self.states, sequences):
+            state.base = len(seq)
         if max(ks) == 0:  # plain decoding this step; the cache catches up at the next draft
-            return Draft.empty(batch, sequences[0].device), None
-        stops = stop if isinstance(stop, list) else [stop] * batch
-        tokens = torch.zeros(batch, most, dtype=torch.long, device=device)
-        lengths = [0] * batch
-        for row, part in enumerate(self.partial):  # rows that waited draft on from where they stopped
-            if part is not None:
-                lengths[row] = len(part.tokens)
-                tokens[row, : len(part.tokens)] = part.tokens
-        # tokens the cache has not seen, right-aligned: the last column is every row's newest token
-        pending = [torch.cat([seq, tokens[row, : lengths[row]].to(seq.device)])[fed:]
-                   for row, (seq, fed) in enumerate(zip(sequences, self.fed))]
-        width = max(len(p) for p in pending)
-        feed = torch.zeros(batch, width, dtype=torch.long, device=device)
-        valid = torch.zeros(batch, width, dtype=torch.bool, device=device)
-        for row, p in enumerate(pending):
-            feed[row, width - len(p) :], valid[row, width - len(p) :] = p, True
-        drafting = [k > n for k, n in zip(ks, lengths)]
-        scratch = base = None  # with logits processors: each row's sequence, then its draft, written as drawn
-        if sampler.processors is not None:
-            base = torch.tensor([len(seq) for seq in sequences], device=device)
-            scratch = torch.zeros(batch, int(base.max()) + most, dtype=torch.long, device=device)
-            for row, seq in enumerate(sequences):
-                scratch[row, : len(seq) + lengths[row]] = torch.cat([seq, tokens[row, : lengths[row]]])
-        probs = hidden = None  # [B, <= most, V] and [B, <= most, H], filled per row at its own positions
-        narrowed = None  # on a CPU, once a quarter of the rows fed have stopped, only rows still drafting are fed
-        for j in range(most):
+            return Draft.empty(len(sequences), sequences[0].device), None
+        stops = stop if isinstance(stop, list) else [stop] * len(sequences)
+        buffers = DraftBuffers.resumed(sequences, [state.partial for state in self.states], max(caps),
+                                       self.model.device, sampler.processors is not None)
+        feed, valid = self._unseen(sequences, buffers)
+        drafting = [k > n for k, n in zip(ks, buffers.lengths)]
+        narrowed, on_cpu = None, self.model.device.type == "cpu"  # on a CPU, only rows still drafting may be fed
+        for j in range(buffers.most):
             if not any(drafting):
                 break
-            active = [row for row in range(batch) if drafting[row]]
-            fed_rows = batch if narrowed is None else len(narrowed.rows)
-            if j and device.type == "cpu" and 4 * len(active) <= 3 * fed_rows:
-                narrowed = narrowed or RowSubset(self.rows)
-                narrowed.keep(active)
-            fed = self.rows if narrowed is None else narrowed
-            out = self.model(**fed.inputs(feed, valid), logits_to_keep=1, output_hidden_states=keep_hidden)
-            fed.extend(valid)
-            self.fed = [n + v for n, v in zip(self.fed, valid.sum(-1).tolist())]
-            logits = out.logits[:, -1] if narrowed is None else narrowed.spread(out.logits[:, -1])
-            q = sampler.probs(logits, None if scratch is None else [  # logits processors see each row's prefix
-                scratch[row, : len(seq) + lengths[row]] for row, seq in enumerate(sequences)])
-            room = max(lengths[row] for row in active) + 1
-            probs = widened(probs, q, room, most)
-            if keep_hidden:
-                last = out.hidden_states[-1][:, -1]
-                last = last if narrowed is None else narrowed.spread(last)
-                hidden = widened(hidden, last, room, most)
-            drawn = draw(logits, q, sampler, generators, lengths, tokens, active)
-            index = torch.tensor(active, device=device)
-            at = torch.tensor([lengths[row] for row in active], device=device)
-            tokens[index, at], probs[index, at] = drawn, q[index]
-            if keep_hidden:
-                hidden[index, at] = last[index]
-            if scratch is not None:
-                scratch[index, base[index] + at] = drawn
-            ends = self._ends(drawn, q[index]).tolist()  # one read of the rows' stop tests
+            active = [row for row in range(len(sequences)) if drafting[row]]
+            if j and on_cpu:
+                narrowed = self._narrowed(narrowed, active)
+            logits, last = self._forward(self.rows if narrowed is None else narrowed, feed, valid, keep_hidden)
+            q = sampler.probs(logits, buffers.prefixes(sequences))  # logits processors see each row's prefix
+            drawn = draw(logits, q, sampler, generators, buffers.lengths, buffers.tokens, active)
+            buffers.record(active, drawn, q, last)
+            ends = self._ends(drawn, q[active]).tolist()  # one read of the rows' stop tests
             for row, end in zip(active, ends):
-                lengths[row] += 1
-                drafting[row] = not (end or lengths[row] == caps[row] or (
-                    stops[row] is not None and stops[row](tokens[row, : lengths[row]].tolist())))
-            owing = [d and n < k for d, n, k in zip(drafting, lengths, ks)]  # rows short of their own draft
+                drafting[row] = not (end or buffers.lengths[row] == caps[row] or (
+                    stops[row] is not None and stops[row](buffers.tokens[row, : buffers.lengths[row]].tolist())))
+            owing = [d and n < k for d, n, k in zip(drafting, buffers.lengths, ks)]  # rows short of their own draft
             if not any(owing) or (rounds is not None and j + 1 >= rounds and not all(owing)):
                 break  # only rows riding along are left, or rows that owe more wait for the next call
-            # only rows that draft on
-            feed = tokens.gather(1, (torch.tensor(lengths, device=device)[:, None] - 1).clamp_min(0))
-            valid = torch.tensor(drafting, device=device)[:, None]
+            feed, valid = buffers.newest(drafting)  # only rows that draft on
         if narrowed is not None:
             narrowed.close()
-        return self._finish(tokens, probs, hidden, lengths, owing, keep_hidden)
+        return self._finish(buffers, owing, keep_hidden)
+
+    def _planned(self, ks: list[int]) -> list[int]:
+        """Each row's draft length this call: ``ks``, cut to the row's adaptive length or to the planner's
+        choice (one length for the batch, planned from the pooled acceptance)."""
+        if self.adaptive:
+            return [min(k, state.length) for k, state in zip(ks, self.states)]
+        if self.planner is not None:
+            planned = self.planner.choose()
+            return [min(k, planned) for k in ks]
+        return ks
+
+    def _unseen(self, sequences: list[torch.LongTensor],
+                buffers: DraftBuffers) -> tuple[torch.LongTensor, torch.BoolTensor]:
+        """The first forward's columns [B, W] and which are real: each row's tokens the cache has not seen
+        (its sequence, then any draft it resumes), right-aligned so the last column is every row's newest token."""
+        device = buffers.tokens.device
+        pending = [torch.cat([seq, buffers.tokens[row, : buffers.lengths[row]].to(seq.device)])[state.fed:]
+                   for row, (seq, state) in enumerate(zip(sequences, self.states))]
+        width = max(len(p) for p in pending)
+        feed = torch.zeros(len(sequences), width, dtype=torch.long, device=device)
+        valid = torch.zeros(len(sequences), width, dtype=torch.bool, device=device)
+        for row, p in enumerate(pending):
+            feed[row, width - len(p) :], valid[row, width - len(p) :] = p, True
+        return feed, valid
+
+    def _narrowed(self, narrowed: RowSubset | None, active: list[int]) -> RowSubset | None:
+        """``narrowed`` (or a new `RowSubset`) feeding only the ``active`` rows once a quarter of the rows fed
+        have stopped: a batched CPU forward costs about its number of rows."""
+        fed_rows = len(self.states) if narrowed is None else len(narrowed.rows)
+        if 4 * len(active) > 3 * fed_rows:
+            return narrowed
+        narrowed = narrowed or RowSubset(self.rows)
+        narrowed.keep(active)
+        return narrowed
+
+    def _forward(self, fed: RowCache | RowSubset, feed: torch.LongTensor, valid: torch.BoolTensor,
+                 keep_hidden: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One draft forward of the columns ``feed`` [B, W] (``valid``: which are real) for the rows ``fed``
+        holds, recorded in the cache: each row's next-token logits [B, V] and, with ``keep_hidden``, last hidden
+        state [B, H], as a full batch."""
+        out = self.model(**fed.inputs(feed, valid), logits_to_keep=1, output_hidden_states=keep_hidden)
+        fed.extend(valid)
+        for state, n in zip(self.states, valid.sum(-1).tolist()):
+            state.fed += n
+        logits = out.logits[:, -1]
+        last = out.hidden_states[-1][:, -1] if keep_hidden else None
+        if isinstance(fed, RowSubset):
+            logits, last = fed.spread(logits), None if last is None else fed.spread(last)
+        return logits, last
 
     def _ends(self, drawn: torch.LongTensor, q: torch.Tensor) -> torch.BoolTensor:
-        """Which rows' drafts end at their ``drawn`` tokens (drawn from ``q`` [A, V]): an end-of-sequence token,
-        a top probability below ``confidence_threshold``, an entropy above ``entropy_stop``."""
+        """Which rows' drafts end at their ``drawn`` tokens [A] (drawn from ``q`` [A, V]): an end-of-sequence
+        token, a top probability below ``confidence_threshold``, an entropy above ``entropy_stop``."""
         end = torch.isin(drawn, torch.tensor(sorted(self.eos), dtype=torch.long, device=drawn.device))
         if self.confidence_threshold is not None:
             end |= q.max(dim=-1).values < self.confidence_threshold
@@ -212,19 +294,20 @@ class ModelDrafter(BaseDrafter):
             end |= entropy(q) > self.entropy_stop
         return end
 
-    def _finish(self, tokens: torch.LongTensor, probs: torch.Tensor, hidden: torch.Tensor | None, lengths: list[int],
-                waiting: list[bool], keep_hidden: bool) -> tuple[Draft, torch.Tensor | None]:
+    def _finish(self, buffers: DraftBuffers, waiting: list[bool],
+                keep_hidden: bool) -> tuple[Draft, torch.Tensor | None]:
         """The draft of the rows that finished (each row's earlier part, from its last call, put first);
-        rows still waiting keep theirs in ``partial`` and show no tokens."""
-        for row, part in enumerate(self.partial):
-            if part is not None:
-                probs[row, : len(part.tokens)] = part.probs
-                if keep_hidden and part.hidden is not None:
-                    hidden[row, : len(part.tokens)] = part.hidden
-        self.partial = [Unfinished(tokens[row, :n].clone(), probs[row, :n].clone(),
-                                   None if hidden is None else hidden[row, :n].clone())
-                        if wait else None for row, (n, wait) in enumerate(zip(lengths, waiting))]
-        lengths = [0 if wait else n for n, wait in zip(lengths, waiting)]
+        rows still waiting keep theirs in their state's ``partial`` and show no tokens."""
+        tokens, probs, hidden = buffers.tokens, buffers.probs, buffers.hidden
+        for row, state in enumerate(self.states):
+            if state.partial is not None:
+                probs[row, : len(state.partial.tokens)] = state.partial.probs
+                if keep_hidden and state.partial.hidden is not None:
+                    hidden[row, : len(state.partial.tokens)] = state.partial.hidden
+        for row, (state, n, wait) in enumerate(zip(self.states, buffers.lengths, waiting)):
+            state.partial = Unfinished(tokens[row, :n].clone(), probs[row, :n].clone(),
+                                       None if hidden is None else hidden[row, :n].clone()) if wait else None
+        lengths = [0 if wait else n for n, wait in zip(buffers.lengths, waiting)]
         n = max(lengths)
         draft = Draft(tokens[:, :n], probs[:, :n], lengths=torch.tensor(lengths, device=tokens.device),
                       waiting=torch.tensor(waiting, device=tokens.device) if any(waiting) else None)
@@ -236,8 +319,10 @@ class ModelDrafter(BaseDrafter):
     def commit_rows(self, accepted: list[int | None], next_tokens: torch.LongTensor, target_hidden=None) -> None:
         """Keep in each row's cache its sequence and its accepted draft tokens (the rest become holes); a row
         that waits (``None``) keeps everything it drafted so far."""
-        self.fed = [fed if n is None else min(fed, base + n) for fed, base, n in zip(self.fed, self._base, accepted)]
-        self.rows.keep_counts(self.fed)
+        for state, n in zip(self.states, accepted):
+            if n is not None:
+                state.fed = min(state.fed, state.base + n)
+        self.rows.keep_counts([state.fed for state in self.states])
 
     def feedback_rows(self, outcomes: list[StepOutcome]) -> None:
         """Adaptive lengths: +2 after a fully accepted draft, -1 otherwise (never below 1); a planner counts
@@ -247,13 +332,14 @@ class ModelDrafter(BaseDrafter):
                 if o is not None and o.drafted:
                     self.planner.update(o.drafted, o.accepted)
         if self.adaptive:
-            self.lengths = [length if o is None else length + 2 if o.drafted and o.accepted == o.drafted
-                            else max(1, length - 1) for length, o in zip(self.lengths, outcomes)]
+            for state, o in zip(self.states, outcomes):
+                if o is not None:
+                    full = o.drafted and o.accepted == o.drafted
+                    state.length = state.length + 2 if full else max(1, state.length - 1)
 
     def feedback(self, outcome: StepOutcome) -> None:
         self.feedback_rows([outcome])
 
     def keep_rows(self, rows: list[int]) -> None:
         self.rows.select(torch.tensor(rows, dtype=torch.long))
-        for name in ("fed", "partial", "_base", "lengths"):
-            setattr(self, name, [getattr(self, name)[i] for i in rows])
+        self.states = [self.states[i] for i in rows]

@@ -20,8 +20,8 @@ from transformers import PreTrainedModel
 
 from ..engine.cache import RowCache
 from ..engine.drafting import pad_drafts
-from ..engine.rows import left_pad
 from ..engine.sampling import Sampler
+from ..engine.step import left_pad
 from ..engine.tree import keep_paths
 from ..types import Draft, eos_ids
 from .base import BaseDrafter

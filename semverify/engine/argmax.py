@@ -13,7 +13,8 @@ BLOCK = 256  # vocabulary entries per block; 128-512 time alike on AVX2
 
 
 def vocab_argmax(logits: torch.Tensor) -> torch.LongTensor:
-    """``logits.argmax(dim=-1)``, by blocks on a CPU (elsewhere torch's own, already fast)."""
+    """``logits.argmax(dim=-1)``: [...] indices of ``logits`` [..., V], by blocks on a CPU (elsewhere torch's own,
+    already fast)."""
     vocab = logits.shape[-1]
     if logits.device.type != "cpu" or vocab < 4 * BLOCK or logits.numel() == 0:
         return logits.argmax(dim=-1)

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import Cache
 
 from .architectures import (
+    Layout,
     UnsupportedArchitectureError,
     UnsupportedCacheError,
     check_batch,
@@ -56,6 +59,16 @@ def keep_first(cache: Cache, length: int) -> None:
         cache.crop(length - current)
 
 
+class RowParts(NamedTuple):
+    """Everything a `RowCache` holds: the model's cache and the bookkeeping beside it."""
+
+    cache: DynamicCache
+    device: torch.device
+    layout: Layout
+    valid: torch.BoolTensor  # [B, length] which cached columns are each row's real tokens
+    next_position: torch.LongTensor  # [B] the position of each row's next token
+
+
 class RowCache:
     """A model's KV cache over a batch of rows that keep different numbers of their tokens.
 
@@ -75,12 +88,17 @@ class RowCache:
     otherwise transformers builds them, from the 2-D mask where a column is masked.
     """
 
-    def __init__(self, model: PreTrainedModel, batch_size: int, role: str = "model") -> None:
-        self.cache, self.device = new_cache(model, role), model.device  # bookkeeping lives beside the cache
-        self.layout = layout(model)
-        check_batch(self.layout, batch_size, role)
-        self.valid = torch.zeros(batch_size, 0, dtype=torch.bool, device=self.device)
-        self.next_position = torch.zeros(batch_size, dtype=torch.long, device=self.device)
+    def __init__(self, model: PreTrainedModel | None, batch_size: int, role: str = "model", *,
+                 parts: RowParts | None = None) -> None:
+        """An empty cache of ``batch_size`` rows for ``model``, or one made of ``parts`` (see `copy_rows`): every
+        field is set here from one `RowParts`, so a field added there cannot be missing from copies."""
+        if parts is None:
+            cache, model_layout = new_cache(model, role), layout(model)
+            check_batch(model_layout, batch_size, role)
+            parts = RowParts(cache, model.device, model_layout,
+                             torch.zeros(batch_size, 0, dtype=torch.bool, device=model.device),
+                             torch.zeros(batch_size, dtype=torch.long, device=model.device))
+        self.cache, self.device, self.layout, self.valid, self.next_position = parts  # bookkeeping beside the cache
 
     @property
     def length(self) -> int:
@@ -125,7 +143,7 @@ class RowCache:
         return torch.cat([self.valid[:, None, :].expand(-1, width, -1), new], dim=2)
 
     def extend(self, token_valid: torch.BoolTensor) -> None:
-        """Record the columns a forward just added to the cache."""
+        """Record the columns a forward just added to the cache (``token_valid`` [B, W]: which are real)."""
         token_valid = token_valid.to(self.device)
         self.valid = torch.cat([self.valid, token_valid], dim=1)
         self.next_position += token_valid.sum(-1)
@@ -143,7 +161,7 @@ class RowCache:
         self._hold(self.valid & (self.valid.long().cumsum(-1) <= counts[:, None]))
 
     def _hold(self, valid: torch.BoolTensor) -> None:
-        """Hold only the tokens ``valid`` marks (a subset of those held), then crop and pack."""
+        """Hold only the tokens ``valid`` [B, length] marks (a subset of those held), then crop and pack."""
         self.next_position -= (self.valid & ~valid).sum(-1)
         self.valid = valid
         used = self.valid.any(0).nonzero()
@@ -173,16 +191,15 @@ class RowCache:
     def copy_rows(self, rows: list[int]) -> RowCache:
         """A RowCache holding a copy of ``rows`` only, for forwards that the other rows sit out."""
         index = torch.tensor(rows, dtype=torch.long, device=self.device)
-        part = RowCache.__new__(RowCache)
-        part.device, part.valid, part.next_position = self.device, self.valid[index], self.next_position[index]
-        part.layout = self.layout
-        part.cache = DynamicCache([(None, None) if not layer.is_initialized else  # nothing cached yet
-                                   (layer.keys[index.to(layer.keys.device)], layer.values[index.to(layer.keys.device)])
-                                   for layer in self.cache.layers])
-        return part
+        cache = DynamicCache([(None, None) if not layer.is_initialized else  # nothing cached yet
+                              (layer.keys[index.to(layer.keys.device)], layer.values[index.to(layer.keys.device)])
+                              for layer in self.cache.layers])
+        return RowCache(None, len(rows), parts=RowParts(cache, self.device, self.layout, self.valid[index],
+                                                        self.next_position[index]))
 
     def last_columns(self, width: int, rows: list[int] | None = None) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Per layer, the keys and values of the last ``width`` columns (of ``rows``, or every row)."""
+        """Per layer, the keys and values [len(rows), heads, width, head_dim] of the last ``width`` columns (of
+        ``rows``, or every row)."""
         rows = range(len(self.valid)) if rows is None else rows
         picked = []
         for layer in self.cache.layers:
@@ -208,7 +225,7 @@ class RowCache:
         self.extend(token_valid)
 
     def select(self, rows: torch.LongTensor) -> None:
-        """Keep only ``rows`` of the batch (finished rows stop costing work)."""
+        """Keep only the rows at indices ``rows`` [B'], in that order (finished rows stop costing work)."""
         rows = rows.to(self.device)
         self.cache.batch_select_indices(rows)
         self.valid, self.next_position = self.valid[rows], self.next_position[rows]
@@ -235,7 +252,7 @@ class RowSubset:
         self.part, self.rows = self.part.copy_rows([self.rows.index(r) for r in rows]), list(rows)
 
     def inputs(self, tokens: torch.LongTensor, token_valid: torch.BoolTensor) -> dict:
-        """`RowCache.inputs` for the kept rows of full-batch columns ``tokens``."""
+        """`RowCache.inputs` for the kept rows of the full-batch column ``tokens`` [B, 1] (``token_valid`` [B, 1])."""
         index = self._index(tokens.device)
         return self.part.inputs(tokens[index], token_valid[index])
 
@@ -245,7 +262,8 @@ class RowSubset:
         self.columns.append(token_valid)
 
     def spread(self, x: torch.Tensor) -> torch.Tensor:
-        """A forward's output for the kept rows, as a full batch (zeros in the other rows)."""
+        """A forward's output ``x`` [len(rows), ...] for the kept rows, as a full batch [B, ...] (zeros in the other
+        rows)."""
         full = x.new_zeros(self.batch, *x.shape[1:])
         full[self._index(x.device)] = x
         return full
@@ -257,4 +275,5 @@ class RowSubset:
             self.full.append_columns([*self.left, last], torch.cat(self.columns, dim=1))
 
     def _index(self, device: torch.device) -> torch.LongTensor:
+        """[len(rows)] the kept rows' indices in the full batch, on ``device``."""
         return torch.tensor(self.rows, dtype=torch.long, device=device)

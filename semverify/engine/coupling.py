@@ -47,8 +47,9 @@ def _int32(c: int) -> int:
 
 
 def _fmix32(h: torch.Tensor) -> torch.Tensor:
-    """MurmurHash3's 32-bit finaliser, in place on an int32 tensor (a bijection that spreads every input bit over
-    the output): products wrap around as uint32 arithmetic does, and shifts are made logical by a mask."""
+    """MurmurHash3's 32-bit finaliser, in place on an int32 tensor ``h`` [...], returned (a bijection that spreads
+    every input bit over the output): products wrap around as uint32 arithmetic does, and shifts are made logical
+    by a mask."""
     h ^= (h >> 16) & 0xFFFF
     h *= _int32(0x85EBCA6B)
     h ^= (h >> 13) & 0x7FFFF
@@ -123,7 +124,7 @@ class CoupledNoise:
 
     def at(self, offset: int, sequence: torch.Tensor | Sequence[int] | None = None) -> "CoupledNoise":
         """This noise with relative position 0 at output position ``offset``; noise drawn for earlier
-        positions is dropped (generation only moves forward). Context keys need the row's ``sequence``
+        positions is dropped (generation only moves forward). Context keys need the row's ``sequence`` [T]
         (its prompt, then its ``offset`` output tokens)."""
         shared = self._shared
         if self.context is not None:
@@ -255,20 +256,10 @@ class CoupledRows:
 
     def choose(self, logits: torch.Tensor, positions: torch.Tensor | Sequence[int] | int | None = None,
                stream: int = TARGET_STREAM, tokens: torch.Tensor | Sequence[int] = ()) -> torch.LongTensor:
-        """`CoupledNoise.choose` row by row (each row its own noise), in one batched operation."""
+        """`CoupledNoise.choose` row by row (each row its own noise), in one batched operation: [B, ...] tokens of
+        ``logits`` [B, ..., V]."""
         return vocab_argmax(logits.float() + self.gumbel_like(logits, positions, stream, tokens))
 
     def generator(self, position: int = 0) -> list[torch.Generator]:
         """Each row's auxiliary stream (`uniform` then draws row by row)."""
         return [row.generator(position) for row in self.rows]
-
-
-def is_coupled(generator: object) -> bool:
-    """Whether draws go through coupled noise (a `CoupledNoise` or `CoupledRows`) rather than a torch stream."""
-    return isinstance(generator, (CoupledNoise, CoupledRows))
-
-
-def at_offset(generator, offset: int, sequence: torch.Tensor | None = None):
-    """The row's stream for a step whose first drafted token is output position ``offset`` (``sequence``: the
-    row's prompt and output so far, which noise keyed by context reads)."""
-    return generator.at(offset, sequence) if is_coupled(generator) else generator

@@ -9,6 +9,7 @@ from typing import Literal, Protocol, runtime_checkable
 import torch
 
 from ..types import Draft, StepOutcome
+from .noise import Noise
 from .sampling import Sampler
 
 Batching = Literal["rows", "copies", "single"]  # how a drafter serves a batch (see BaseDrafter)
@@ -30,15 +31,15 @@ class Drafter(Protocol):
     def reset(self, input_ids: torch.LongTensor) -> None:
         """Start a new generation from the prompt ``input_ids`` [1, T]."""
 
-    def propose(
-        self, input_ids: torch.LongTensor, k: int, sampler: Sampler, generator: torch.Generator | None
-    ) -> Draft:
-        """Up to k tokens to follow ``input_ids`` (everything emitted so far)."""
+    def propose(self, input_ids: torch.LongTensor, k: int, sampler: Sampler, generator: Noise) -> Draft:
+        """Up to k tokens (a [1, n] draft, n <= k, or a tree at most k deep) to follow ``input_ids`` [1, T]
+        (everything emitted so far); draws come from ``generator``, the row's noise (`semverify.engine.noise`)."""
 
-    def commit(
-        self, n_accepted: int, next_token: torch.LongTensor, target_hidden: torch.Tensor | None = None
-    ) -> None:
-        """The loop kept the first ``n_accepted`` tokens of the last draft, then ``next_token``."""
+    def commit(self, n_accepted: int, next_token: torch.LongTensor, target_hidden: torch.Tensor | None = None
+               ) -> None:
+        """The loop kept the first ``n_accepted`` tokens of the last draft's path, then ``next_token`` [1];
+        ``target_hidden`` [1, 1 + path length, H]: the target's last hidden states at the root and along the
+        judged path, of which the first 1 + ``n_accepted`` were kept (when ``needs_target_hidden``)."""
 
     def feedback(self, outcome: StepOutcome) -> None:
         """How the last step went, after ``commit``: where adaptive draft lengths learn."""
@@ -53,16 +54,18 @@ class RowDrafter(Protocol):
     needs_target_hidden: bool
 
     def reset_rows(self, prompts: list[torch.LongTensor]) -> None:
-        """Start each row from its prompt (no padding)."""
+        """Start each row from its prompt ([T_b], no padding)."""
 
     def propose_rows(self, sequences: list[torch.LongTensor], ks: list[int], sampler: Sampler,
-                     generators: list) -> Draft:
-        """Up to ``ks[b]`` tokens after each row's sequence, padded to one width with their ``lengths``."""
+                     generators: list[Noise]) -> Draft:
+        """Up to ``ks[b]`` tokens after each row's sequence ([T_b], no padding), with each row's noise: a [B, n]
+        draft padded to one width with its ``lengths`` [B]."""
 
     def commit_rows(self, accepted: list[int | None], next_tokens: torch.LongTensor,
                     target_hidden: list[torch.Tensor | None]) -> None:
-        """Each row kept its first ``accepted[b]`` draft tokens, then ``next_tokens[b]``; None: the row's draft
-        was ``Draft.waiting`` and nothing was verified (only a drafter that leaves rows waiting sees it)."""
+        """Each row kept its first ``accepted[b]`` draft tokens, then ``next_tokens[b]`` ([B]); ``target_hidden[b]``
+        [1, 1 + path length, H] (root and judged path) or None. ``accepted[b]`` None: the row's draft was
+        ``Draft.waiting`` and nothing was verified (only a drafter that leaves rows waiting sees it)."""
 
     def feedback_rows(self, outcomes: list[StepOutcome | None]) -> None:
         """How the last step went for each row (None for a row that waited)."""
@@ -82,17 +85,22 @@ class PerRowDrafter:
         self.needs_target_hidden = any(d.needs_target_hidden for d in drafters)
 
     def reset_rows(self, prompts: list[torch.LongTensor]) -> None:
+        """Reset each row's drafter with its prompt [T_b] (as [1, T_b])."""
         for drafter, prompt in zip(self.drafters, prompts):
             drafter.reset(prompt[None])
 
     def propose_rows(self, sequences: list[torch.LongTensor], ks: list[int], sampler: Sampler,
                      generators: list) -> Draft:
+        """Each row's drafter proposes after its sequence [T_b]; one row's draft as it is, else a [B, n] draft padded
+        to one width (`pad_drafts`)."""
         drafts = [d.propose(s[None], k, sampler, g) if k > 0 else Draft.empty(1, s.device)
                   for d, s, k, g in zip(self.drafters, sequences, ks, generators)]
         return drafts[0] if len(drafts) == 1 else pad_drafts(drafts)
 
     def commit_rows(self, accepted: list[int], next_tokens: torch.LongTensor,
                     target_hidden: list[torch.Tensor | None]) -> None:
+        """Commit each row's drafter: ``accepted[b]``, ``next_tokens[b]`` ([B]), ``target_hidden[b]`` [1, 1 + path
+        length, H] (root, then the judged path) or None."""
         for drafter, n, token, hidden in zip(self.drafters, accepted, next_tokens, target_hidden):
             drafter.commit(n, token[None], hidden)
 

@@ -16,8 +16,7 @@ import torch
 
 from ..types import REFUSALS, Judge, TokenLaw, Verdict, VerifyInput
 from .argmax import vocab_argmax
-from .coupling import is_coupled
-from .sampling import sample_from, uniform
+from .noise import sample_from, target_noise, uniform
 
 _EMPTY = 1e-12  # a distribution with less mass than this left after removing a token falls back to p
 
@@ -74,7 +73,7 @@ def _without(p: torch.Tensor, tok: torch.Tensor) -> torch.Tensor:
 
 
 def _residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    """(p - q)+ renormalised over the last dimension (p itself where p = q)."""
+    """[..., V] (p - q)+ of ``p``, ``q`` [..., V], renormalised over the vocabulary (p itself where p = q)."""
     res = (p - q).clamp_min(0.0)
     total = res.sum(-1, keepdim=True)
     return torch.where(total > _EMPTY, res / total.clamp_min(_EMPTY), p)
@@ -108,6 +107,7 @@ def emitted_law(law: TokenLaw, x: VerifyInput) -> torch.Tensor:
     rest = q * (1.0 - a)  # mass of each candidate that is drafted and refused
 
     def mass(w: torch.Tensor | float) -> torch.Tensor:
+        """[B, k, 1] refused mass weighted by ``w`` (a number, or [B, k, V] or [B, k, 1])."""
         return (rest * w).sum(-1, keepdim=True)
 
     without = law.without + law.residual if x.draft.probs is None else law.without
@@ -126,37 +126,50 @@ def decide(rule: Judge, x: VerifyInput) -> Verdict:
     uncoupled (``x.generator`` a torch stream, or one per row) or coupled (`CoupledNoise`, `CoupledRows`). A
     lossless rule under greedy decoding or coupled noise keeps the drafts equal to the target's own tokens (its law
     is not asked for: it is p)."""
-    k, tokens, logits = x.k, x.draft.tokens, x.target_logits
-    batch, coupled = tokens.shape[0], is_coupled(x.generator)
+    noise = target_noise(x.generator, x.target_logits, x.draft.tokens)  # [B, k+1, V] or None
+    if x.do_sample and noise is None:
+        return _draw_uncoupled(rule, x)
+    return _draw_keyed(rule, x, noise)
+
+
+def _draw_uncoupled(rule: Judge, x: VerifyInput) -> Verdict:
+    """Uncoupled sampling: a coin per position from the row's stream (keep while u < a(x)), then a draw from the
+    refusal law at the first refused position (from p after a full draft)."""
+    k, tokens, batch = x.k, x.draft.tokens, x.draft.tokens.shape[0]  # tokens [B, k]
     none = torch.zeros(batch, dtype=torch.long, device=tokens.device)
-    if x.do_sample and not coupled:  # uncoupled: a coin per position, then a draw from the refusal law
-        p_k = at_position(x.target_probs, none + k)
-        if k == 0:
-            return Verdict(none, sample_from(p_k, x.generator), {"ratio": tokens.bool()})
-        law = _law(rule, x)
-        u = uniform((batch, k), x.generator, logits.device)
-        n = leading_true(u < law.keep.gather(-1, tokens[..., None]).squeeze(-1))
-        weights = torch.where((n < k)[:, None], refusal_law(law, x, n), p_k)
-        weights = torch.where(weights.sum(-1, keepdim=True) > 0, weights, at_position(x.target_probs, n))
-        p_x = x.target_probs[:, :k].gather(-1, tokens[..., None]).squeeze(-1)
-        q_x = torch.ones_like(p_x) if x.draft.probs is None else x.draft.probs.gather(-1, tokens[..., None])[..., 0]
-        strict = u * q_x < p_x
-        return _verdict(rule, law, n, sample_from(weights, x.generator), strict, "ratio",
-                        torch.where(strict, tokens, vocab_argmax(logits[:, :k])))
-    noise = x.generator.gumbel_like(logits, tokens=tokens) if coupled else None
-    own = vocab_argmax(logits.float() if noise is None else logits.float() + noise)  # [B, k+1] the target's tokens
+    p_k = at_position(x.target_probs, none + k)  # [B, V] p after a full draft
     if k == 0:
-        return Verdict(none, own[:, 0], {"exact": tokens.bool()})
+        return Verdict(none, sample_from(p_k, x.generator), {"ratio": tokens.bool()})
+    law = _law(rule, x)
+    u = uniform((batch, k), x.generator, tokens.device)  # [B, k]
+    n = leading_true(u < law.keep.gather(-1, tokens[..., None]).squeeze(-1))  # [B]
+    weights = torch.where((n < k)[:, None], refusal_law(law, x, n), p_k)  # [B, V]
+    weights = torch.where(weights.sum(-1, keepdim=True) > 0, weights, at_position(x.target_probs, n))
+    p_x = x.target_probs[:, :k].gather(-1, tokens[..., None]).squeeze(-1)  # [B, k]
+    q_x = torch.ones_like(p_x) if x.draft.probs is None else x.draft.probs.gather(-1, tokens[..., None])[..., 0]
+    strict = u * q_x < p_x  # [B, k] where speculative sampling's own test keeps the token
+    return _verdict(None if rule.lossless else law, n, sample_from(weights, x.generator), strict, "ratio",
+                    torch.where(strict, tokens, vocab_argmax(x.target_logits[:, :k])))
+
+
+def _draw_keyed(rule: Judge, x: VerifyInput, noise: torch.Tensor | None) -> Verdict:
+    """Greedy decoding (``noise`` None: keep where a(x) is 1, then the refusal law's argmax) or coupled noise (the
+    Gumbel-max of the emitted law under the target's ``noise`` [B, k+1, V]; a lossless rule keeps the drafts equal
+    to the target's own coupled tokens)."""
+    k, tokens, logits = x.k, x.draft.tokens, x.target_logits.float()  # tokens [B, k], logits [B, k+1, V]
+    own = vocab_argmax(logits if noise is None else logits + noise)  # [B, k+1] the target's own tokens
+    if k == 0:
+        return Verdict(own.new_zeros(tokens.shape[0]), own[:, 0], {"exact": tokens.bool()})
     law = None if rule.lossless else _law(rule, x)
-    if noise is None and law is not None:  # greedy: keep where a(x) is 1, then the refusal law's argmax
-        n = leading_true(law.keep.gather(-1, tokens[..., None]).squeeze(-1) > 0.5)
+    if noise is None and law is not None:
+        n = leading_true(law.keep.gather(-1, tokens[..., None]).squeeze(-1) > 0.5)  # [B]
         refused = at_position(own, n) if _own_refusal(law) else vocab_argmax(refusal_law(law, x, n))
         next_token = torch.where(n < k, refused, own[:, k])
-    else:  # the target's own tokens (lossless), or coupled: the Gumbel-max of the emitted law under its noise
-        chosen = own[:, :k] if law is None else vocab_argmax(emitted_law(law, x).log() + noise[:, :k])
+    else:
+        chosen = own[:, :k] if law is None else vocab_argmax(emitted_law(law, x).log() + noise[:, :k])  # [B, k]
         n = leading_true(tokens == chosen)
         next_token = at_position(torch.cat([chosen, own[:, k:]], dim=1), n)
-    return _verdict(rule, law, n, next_token, tokens == own[:, :k], "exact", own[:, :k])
+    return _verdict(law, n, next_token, tokens == own[:, :k], "exact", own[:, :k])
 
 
 def _law(rule: Judge, x: VerifyInput) -> TokenLaw:
@@ -173,13 +186,14 @@ def _own_refusal(law: TokenLaw) -> bool:
                                       for name in REFUSALS)
 
 
-def _verdict(rule: Judge, law: TokenLaw | None, n: torch.LongTensor, next_token: torch.LongTensor,
-             strict: torch.BoolTensor, base: str, own: torch.LongTensor) -> Verdict:
-    """The verdict with its reasons: kept by the lossless test (``base``), by a label, or by the rule's reason; a
-    refusal label where the rule refused a token the lossless test would have kept."""
+def _verdict(law: TokenLaw | None, n: torch.LongTensor, next_token: torch.LongTensor, strict: torch.BoolTensor,
+             base: str, own: torch.LongTensor) -> Verdict:
+    """The verdict with its reasons (``n``, ``next_token`` [B]; ``strict``, ``own`` [B, k]): kept by the lossless
+    test (``base``), by a label, or by the rule's reason; a refusal label where the rule refused a token the lossless
+    test would have kept. ``law`` None: a lossless rule, whose kept tokens all have the lossless test's reason."""
     k = strict.shape[1]
     kept = prefix_mask(n, k)
-    if law is None or rule.lossless:
+    if law is None:
         return Verdict(n, next_token, {base: kept})
     reasons = {base: kept & strict}
     left = kept & ~strict

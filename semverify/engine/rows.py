@@ -9,8 +9,9 @@ import torch
 from transformers import StoppingCriteriaList
 
 from ..stats import SpecStats
-from ..types import Draft, StepOutcome, Verdict
-from .coupling import at_offset
+from ..types import StepOutcome, Verdict
+from .noise import Noise, at_offset
+from .step import Step
 
 
 class Emitted(NamedTuple):
@@ -22,13 +23,24 @@ class Emitted(NamedTuple):
     ended: bool  # an EOS or a stopping criterion ended the row
 
 
+class Limits(NamedTuple):
+    """When a row stops: after ``max_new_tokens``, after an ``eos`` token (as transformers), or at the first token
+    after which ``stopping_criteria`` hold."""
+
+    max_new_tokens: int
+    eos: set[int]
+    stopping_criteria: StoppingCriteriaList | None = None
+
+
 class Rows:
     """The rows still generating: their tokens in one device buffer (each row's prompt, then its output, from
     column 0), their lengths on the host, random streams and statistics. A step reads each row's sequence as a
     view of the buffer and writes what it emits in one copy, so no step rebuilds a sequence; rows that finish
     leave the batch and keep their output by batch index."""
 
-    def __init__(self, prompts: list[torch.LongTensor], streams: list, device: torch.device) -> None:
+    def __init__(self, prompts: list[torch.LongTensor], noise: list[Noise], device: torch.device,
+                 limits: Limits) -> None:
+        """Rows of ``prompts`` [T_b] (no padding), each with its ``noise``, in a [B, longest + 64] buffer."""
         self.lengths = [len(p) for p in prompts]
         self.starts = list(self.lengths)  # where each row's output begins
         self.tokens = torch.zeros(len(prompts), max(self.lengths) + 64, dtype=torch.long, device=device)
@@ -36,7 +48,8 @@ class Rows:
             self.tokens[row, : len(prompt)] = prompt
         self.index = list(range(len(prompts)))  # each row's index in the batch
         self.all_stats = [SpecStats() for _ in prompts]
-        self.streams, self.stats = list(streams), list(self.all_stats)
+        self.noise, self.stats = list(noise), list(self.all_stats)
+        self.limits = limits
         self.done: dict[int, torch.LongTensor] = {}  # finished rows' outputs, by batch index
 
     def __len__(self) -> int:
@@ -46,21 +59,23 @@ class Rows:
         """How many tokens ``row`` has generated."""
         return self.lengths[row] - self.starts[row]
 
-    def budgets(self, k: int, max_new_tokens: int) -> list[int]:
-        """Each row's draft length: k, leaving room in its token budget for the token the target adds."""
-        return [min(k, max_new_tokens - self.new(row) - 1) for row in range(len(self))]
+    def begin(self, k: int, history_tokens: int) -> tuple[list[int], list[torch.LongTensor], list[Noise],
+                                                           tuple[torch.LongTensor, torch.LongTensor] | None]:
+        """What a step starts from: each row's draft length (k, leaving room in its budget for the token the target
+        adds), its sequence [T_b] (a view of the buffer), its noise at its next output position, and the output
+        tails a rule reading ``history_tokens`` gets (`history`)."""
+        ks = [min(k, self.limits.max_new_tokens - self.new(row) - 1) for row in range(len(self))]
+        sequences = [self.tokens[row, :length] for row, length in enumerate(self.lengths)]
+        noise = [at_offset(g, self.new(row), seq) for row, (g, seq) in enumerate(zip(self.noise, sequences))]
+        return ks, sequences, noise, self.history(history_tokens)
 
-    def sequences(self) -> list[torch.LongTensor]:
-        """Each row's prompt and output so far (views of the buffer)."""
-        return [self.tokens[row, :length] for row, length in enumerate(self.lengths)]
-
-    def generators(self, sequences: list[torch.LongTensor]) -> list:
-        """Each row's stream (coupled noise at the row's next output position, after its ``sequences``)."""
-        return [at_offset(s, self.new(row), seq) for row, (s, seq) in enumerate(zip(self.streams, sequences))]
+    def going(self, ended: list[bool]) -> list[int]:
+        """The rows that generate on: not ``ended`` by a stop, and within their token budget."""
+        return [i for i in range(len(self)) if not ended[i] and self.new(i) < self.limits.max_new_tokens]
 
     def history(self, width: int) -> tuple[torch.LongTensor, torch.LongTensor] | None:
-        """The last ``width`` output tokens of each row, right-aligned (-1 before a row's output), and each
-        row's output length: what a rule reading the output's tail gets (None when it reads none)."""
+        """The last ``width`` (L) output tokens of each row [B, L], right-aligned (-1 before a row's output), and
+        each row's output length [B]: what a rule reading the output's tail gets (None when it reads none)."""
         if not width:
             return None
         lengths = torch.tensor(self.lengths, device=self.tokens.device)
@@ -69,23 +84,24 @@ class Rows:
         tail = self.tokens.gather(1, columns.clamp_min(0))
         return tail.masked_fill(columns < starts[:, None], -1), lengths - starts
 
-    def emit(self, ready: list[int], paths: list[list[int]], tokens: torch.LongTensor, verdict: Verdict, eos: set,
-             stopping_criteria: StoppingCriteriaList | None) -> list[Emitted]:
-        """Add to each ``ready`` row its accepted path (``tokens``, ``verdict``: the ready rows' draft tokens and
-        verdict, on the host) and the rule's token, cut after the first EOS or the first token after which
-        ``stopping_criteria`` hold (nothing after it is emitted, nor counted as accepted)."""
+    def add(self, step: Step, tokens: torch.LongTensor, verdict: Verdict, times: tuple[float, float, float]
+            ) -> tuple[list[Emitted], list[StepOutcome]]:
+        """Add to each ready row its accepted path and the rule's token (``tokens`` [R, n], ``verdict``: the ready
+        rows' draft tokens and verdict, on the host), cut at a stop (`Limits`: nothing after it is emitted, nor
+        counted as accepted), and count the step (``times``: draft, verify, total). Returns what each ready row
+        emitted and its outcome."""
         emitted = []
-        for i, path in enumerate(paths):
+        for i, path in enumerate(step.paths):
             n = int(verdict.n_accepted[i])
             new = [*tokens[i, path[:n]].tolist(), int(verdict.next_token[i])]
-            end = next((j + 1 for j, t in enumerate(new) if t in eos), None)
+            end = next((j + 1 for j, t in enumerate(new) if t in self.limits.eos), None)
             judged = min(len(path), end or len(path))  # positions up to an EOS
             reasons = {name: mask[i : i + 1, :judged] for name, mask in verdict.reasons.items()}
             emitted.append(Emitted(new[:end], min(n, end or n), reasons, end is not None))
-        self._write([(row, e.tokens) for row, e in zip(ready, emitted)])
-        if stopping_criteria:
-            emitted = [self._stop(row, e, stopping_criteria) for row, e in zip(ready, emitted)]
-        return emitted
+        self._write([(row, e.tokens) for row, e in zip(step.ready, emitted)])
+        if self.limits.stopping_criteria:
+            emitted = [self._stop(row, e) for row, e in zip(step.ready, emitted)]
+        return emitted, self._record(step, verdict, emitted, times)
 
     def _write(self, pieces: list[tuple[int, list[int]]]) -> None:
         """Append each row's new tokens to the buffer in one copy (growing it by doubling when full)."""
@@ -101,26 +117,29 @@ class Rows:
         for row, new in pieces:
             self.lengths[row] += len(new)
 
-    def _stop(self, row: int, e: Emitted, criteria: StoppingCriteriaList) -> Emitted:
-        """``e`` cut after its first token after which ``criteria`` hold (they see the row's buffer, no copy)."""
-        before = self.lengths[row] - len(e.tokens)
+    def _stop(self, row: int, e: Emitted) -> Emitted:
+        """``e`` cut after its first token after which the stopping criteria hold (they see the row's buffer, no
+        copy)."""
+        criteria, before = self.limits.stopping_criteria, self.lengths[row] - len(e.tokens)
         for j in range(1, len(e.tokens) + 1):
             if bool(criteria(self.tokens[row : row + 1, : before + j], None).any()):
                 self.lengths[row] = before + j
                 return Emitted(e.tokens[:j], min(e.accepted, j), {k: m[:, :j] for k, m in e.reasons.items()}, True)
         return e
 
-    def record(self, draft: Draft, ready: list[int], paths: list[list[int]], verdict: Verdict, emitted: list[Emitted],
-               draft_time: float, verify_time: float, total_time: float) -> list[StepOutcome]:
-        """Count the step in the ``ready`` rows' statistics (``draft``, ``paths``, ``verdict`` and ``emitted`` are
-        theirs; ``verdict`` on the host); a waiting row only spent the draft time. Returns the outcomes."""
+    def _record(self, step: Step, verdict: Verdict, emitted: list[Emitted], times: tuple[float, float, float]
+                ) -> list[StepOutcome]:
+        """Count the step in the ready rows' statistics (``verdict`` theirs, on the host); a waiting row only spent
+        the draft time. Returns the ready rows' outcomes."""
+        draft_time, verify_time, total_time = times
+        lengths = step.x.draft.row_lengths()
         outcomes = []
-        for i, (row, e) in enumerate(zip(ready, emitted)):
-            outcomes.append(StepOutcome(_row_length(draft, i), e.accepted, torch.tensor([e.tokens]), _row(verdict, i)))
-            self.stats[row].record_step(outcomes[-1], e.reasons, len(paths[i]), draft_time=draft_time,
+        for i, (row, e) in enumerate(zip(step.ready, emitted)):
+            outcomes.append(StepOutcome(lengths[i], e.accepted, torch.tensor([e.tokens]), _row(verdict, i)))
+            self.stats[row].record_step(outcomes[-1], e.reasons, len(step.paths[i]), draft_time=draft_time,
                                         verify_time=verify_time)
         for row, stats in enumerate(self.stats):
-            stats.draft_time += 0.0 if row in ready else draft_time
+            stats.draft_time += 0.0 if row in step.ready else draft_time
             stats.total_time = total_time
         return outcomes
 
@@ -129,11 +148,13 @@ class Rows:
         for row in set(range(len(self))) - set(going):
             self.done[self.index[row]] = self.tokens[row, self.starts[row] : self.lengths[row]].clone()
         self.tokens = self.tokens[torch.tensor(going, dtype=torch.long, device=self.tokens.device)]
-        for name in ("lengths", "starts", "index", "streams", "stats"):
-            setattr(self, name, [getattr(self, name)[i] for i in going])
+        self.lengths, self.starts = [self.lengths[i] for i in going], [self.starts[i] for i in going]
+        self.index, self.noise = [self.index[i] for i in going], [self.noise[i] for i in going]
+        self.stats = [self.stats[i] for i in going]
 
     def padded(self, input_ids: torch.LongTensor, pad_token_id: int | None) -> torch.LongTensor:
-        """``input_ids`` followed by each row's new tokens, right-padded to the longest (as transformers returns)."""
+        """``input_ids`` [B, T] (the caller's batch) followed by each row's new tokens, right-padded to the longest:
+        [B, T + longest output] (as transformers returns)."""
         outputs = dict(self.done)
         for row, index in enumerate(self.index):
             outputs[index] = self.tokens[row, self.starts[row] : self.lengths[row]]
@@ -146,8 +167,8 @@ class Rows:
 
 
 def to_host(tokens: torch.LongTensor, verdict: Verdict) -> tuple[torch.LongTensor, Verdict]:
-    """The draft ``tokens`` and ``verdict`` on the host, in one device-to-host copy (two with scores): all the
-    bookkeeping of a step reads."""
+    """The ready rows' draft ``tokens`` [B, n] and ``verdict`` on the host, in one device-to-host copy (two with
+    scores): all the bookkeeping of a step reads."""
     reasons, target = list(verdict.reasons.items()), verdict.target_tokens
     parts = [verdict.n_accepted[:, None], verdict.next_token[:, None], tokens, *(m.long() for _, m in reasons),
              *([] if target is None else [target])]
@@ -157,23 +178,9 @@ def to_host(tokens: torch.LongTensor, verdict: Verdict) -> tuple[torch.LongTenso
     return host[2], Verdict(host[0][:, 0], host[1][:, 0], masks, scores, host[-1] if target is not None else None)
 
 
-def _row_length(draft: Draft, row: int) -> int:
-    return draft.length if draft.lengths is None else int(draft.lengths[row])
-
-
 def _row(verdict: Verdict, row: int) -> Verdict:
     """One row of a batch verdict."""
     return Verdict(verdict.n_accepted[row : row + 1], verdict.next_token[row : row + 1],
                    {k: v[row : row + 1] for k, v in verdict.reasons.items()},
                    {k: v[row : row + 1] for k, v in verdict.scores.items() if not bool(v[row].isnan())},
                    None if verdict.target_tokens is None else verdict.target_tokens[row : row + 1])
-
-
-def left_pad(tokens: list[torch.LongTensor]) -> tuple[torch.LongTensor, torch.BoolTensor]:
-    """Rows of different lengths as one left-padded [B, W] batch, and which columns are real."""
-    width = max((len(t) for t in tokens), default=0)
-    out = torch.zeros(len(tokens), width, dtype=torch.long, device=tokens[0].device if tokens else None)
-    valid = torch.zeros(len(tokens), width, dtype=torch.bool, device=out.device)
-    for row, t in enumerate(tokens):
-        out[row, width - len(t) :], valid[row, width - len(t) :] = t, True
-    return out, valid

@@ -8,8 +8,6 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from .coupling import TARGET_STREAM, CoupledNoise, CoupledRows, is_coupled
-
 
 @dataclass(frozen=True)
 class Sampler:
@@ -63,6 +61,7 @@ class Sampler:
         return logits
 
     def _process(self, logits: torch.Tensor, prefixes, following) -> torch.Tensor:
+        """`warp` by each row's ``processors``: fp32 logits shaped as ``logits`` [B, V] or [B, n, V]."""
         if prefixes is None:
             raise ValueError("this sampler applies logits processors, which need each row's prefix")
         flat = logits.dim() == 2
@@ -82,49 +81,5 @@ class Sampler:
 
     def probs(self, logits: torch.Tensor, prefixes: Sequence[torch.LongTensor] | None = None,
               following: torch.LongTensor | None = None) -> torch.Tensor:
-        """Softmax of the warped logits, fp32."""
+        """[..., V] softmax of the warped ``logits`` [..., V], fp32."""
         return torch.softmax(self.warp(logits, prefixes, following), dim=-1)
-
-
-Generators = torch.Generator | CoupledNoise | Sequence[torch.Generator | CoupledNoise] | None  # one, or one per row
-
-
-def sample_from(probs: torch.Tensor, generator: Generators = None, positions=None,
-                stream: int = TARGET_STREAM, tokens=()) -> torch.Tensor:
-    """Draw one index per row of a [..., V] probability tensor (rows need not be normalised).
-
-    With one generator per batch row (dimension 0), each row draws from its own stream exactly what it
-    would draw alone, so a row's output does not depend on the rows beside it. With
-    `CoupledNoise` the draw is the Gumbel-max at the rows' output
-    ``positions`` (relative to the step) in noise ``stream``, after the step's ``tokens`` (context keys).
-    """
-    if is_coupled(generator):
-        if positions is None:
-            raise ValueError("a coupled draw needs the positions of the tokens it draws")
-        return generator.choose(torch.log(probs.float()), positions, stream, tokens)
-    if isinstance(generator, Sequence):
-        return torch.stack([sample_from(p, g) for p, g in zip(probs, generator)])
-    flat = probs.reshape(-1, probs.shape[-1])
-    return torch.multinomial(flat, 1, generator=generator).reshape(probs.shape[:-1])
-
-
-def sample_rows(probs: torch.Tensor, generators: Sequence, positions: Sequence[int],
-                tokens: torch.LongTensor) -> torch.LongTensor:
-    """One draw per row of [B, V] ``probs``: row b from ``generators[b]`` at its relative output position
-    ``positions[b]``, after its step tokens ``tokens[b, :positions[b]]`` (context keys). Coupled noise keyed by
-    position draws every row in one batched Gumbel-max; torch streams and context keys draw row by row."""
-    if generators and all(is_coupled(g) and g.context is None for g in generators):
-        return CoupledRows(generators).choose(torch.log(probs.float()), torch.tensor(positions))
-    return torch.stack([sample_from(probs[row : row + 1], g, positions=n, tokens=tokens[row, :n])[0]
-                        for row, (g, n) in enumerate(zip(generators, positions))])
-
-
-def uniform(shape: tuple[int, ...], generator: Generators = None,
-            device: torch.device | str | None = None) -> torch.Tensor:
-    """Uniform [0, 1) draws of ``shape``; with one generator per row of dimension 0, row by row (coupled
-    noise: its auxiliary stream at the step's first position)."""
-    if is_coupled(generator):
-        generator = generator.generator()
-    if isinstance(generator, Sequence):
-        return torch.stack([torch.rand(shape[1:], generator=g, device=device) for g in generator])
-    return torch.rand(shape, generator=generator, device=device)

@@ -19,7 +19,7 @@ from .architectures import UnsupportedCacheError
 
 
 def depths(parents: torch.LongTensor) -> torch.LongTensor:
-    """Depth of every node; children of the root have depth 1."""
+    """[n] depth of every node of ``parents`` [n]; children of the root have depth 1."""
     out = torch.zeros(len(parents), dtype=torch.long)
     for i, p in enumerate(parents.tolist()):
         out[i] = 1 if p < 0 else out[p] + 1
@@ -37,7 +37,7 @@ def ancestor_mask(parents: torch.LongTensor) -> torch.BoolTensor:
 
 
 def leaf_paths(parents: torch.LongTensor) -> list[list[int]]:
-    """Root-to-leaf node lists, in the order of their leaves."""
+    """Root-to-leaf node lists of the tree ``parents`` [n], in the order of their leaves."""
     plist = parents.tolist()
     has_child = {p for p in plist if p >= 0}
     paths = []
@@ -49,66 +49,66 @@ def leaf_paths(parents: torch.LongTensor) -> list[list[int]]:
     return paths
 
 
-def tree_attention_mask(parents: torch.LongTensor, past: int, pending: int, dtype: torch.dtype,
+def tree_attention_mask(parents: torch.LongTensor, past: int, unseen: int, dtype: torch.dtype,
                         device: torch.device | str = "cpu") -> torch.Tensor:
-    """[1, 1, pending+n, past+pending+n] additive mask (0 attends, dtype min blocks) of one row over a
+    """[1, 1, unseen+n, past+unseen+n] additive mask (0 attends, dtype min blocks) of one row over a
     cache without holes: `rows_tree_mask` with every column real.
 
-    The input is ``pending`` uncached context tokens (the last of them is the root), then the n nodes:
+    The input is ``unseen`` uncached context tokens (the last of them is the root), then the n nodes:
     context tokens are causal, each node sees the cache, all context tokens and its own ancestors.
     """
-    every = torch.ones(1, past + pending, dtype=torch.bool)
+    every = torch.ones(1, past + unseen, dtype=torch.bool)
     return rows_tree_mask(parents[None], every[:, :past], every[:, past:], dtype, device)
 
 
-def rows_tree_mask(parents: torch.LongTensor, past_valid: torch.BoolTensor, pending_valid: torch.BoolTensor,
+def rows_tree_mask(parents: torch.LongTensor, past_valid: torch.BoolTensor, unseen_valid: torch.BoolTensor,
                    dtype: torch.dtype, device: torch.device | str = "cpu") -> torch.Tensor:
     """[B, 1, W+n, past+W+n] additive mask (0 attends, dtype min blocks) of `rows_tree_allowed`, for layers that
     see every earlier token (a sliding-window layer needs its window on top: `RowCache.inputs`)."""
-    allowed = rows_tree_allowed(parents, past_valid, pending_valid, device)
+    allowed = rows_tree_allowed(parents, past_valid, unseen_valid, device)
     return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(
         ~allowed, torch.finfo(dtype).min)[:, None]
 
 
-def rows_tree_allowed(parents: torch.LongTensor, past_valid: torch.BoolTensor, pending_valid: torch.BoolTensor,
+def rows_tree_allowed(parents: torch.LongTensor, past_valid: torch.BoolTensor, unseen_valid: torch.BoolTensor,
                       device: torch.device | str | None = None) -> torch.BoolTensor:
     """[B, W+n, past+W+n] which keys each position of a batch may see, whose row b holds the tree ``parents[b]`` [n].
 
     Each row sees its real cache columns (``past_valid`` [B, past]: holes and padding are masked) and its
-    real uncached tokens (``pending_valid`` [B, W], causal, the last is the root); a node also sees its
+    real uncached tokens (``unseen_valid`` [B, W], causal, the last is the root); a node also sees its
     ancestors. Every position sees itself, so padding never leaves a row with nothing to attend to. Built on
     ``device`` (by default that of ``past_valid``); only the [n, n] ancestor blocks come from the host.
     """
     device = past_valid.device if device is None else torch.device(device)
     batch, n = parents.shape
-    width = pending_valid.shape[1]
-    past_valid, pending_valid = past_valid.to(device), pending_valid.to(device)
+    width = unseen_valid.shape[1]
+    past_valid, unseen_valid = past_valid.to(device), unseen_valid.to(device)
     blocks: dict[tuple[int, ...], torch.BoolTensor] = {}  # rows often share a tree shape (chains, padding)
     tree = torch.stack([blocks.setdefault(tuple(p.tolist()), ancestor_mask(p)) for p in parents.cpu()]) if n else (
         torch.zeros(batch, 0, 0, dtype=torch.bool))
     causal = torch.ones(width, width, dtype=torch.bool, device=device).tril()
-    context = torch.cat([causal[None] & pending_valid[:, None, :],
+    context = torch.cat([causal[None] & unseen_valid[:, None, :],
                          torch.zeros(batch, width, n, dtype=torch.bool, device=device)], dim=2)
-    nodes = torch.cat([pending_valid[:, None, :].expand(-1, n, -1), tree.to(device)], dim=2)
+    nodes = torch.cat([unseen_valid[:, None, :].expand(-1, n, -1), tree.to(device)], dim=2)
     allowed = torch.cat([past_valid[:, None, :].expand(-1, width + n, -1), torch.cat([context, nodes], dim=1)], dim=2)
     past = past_valid.shape[1]
     allowed[:, torch.arange(width + n, device=device), past + torch.arange(width + n, device=device)] = True
     return allowed
 
 
-def tree_position_ids(parents: torch.LongTensor, past: int, pending: int,
+def tree_position_ids(parents: torch.LongTensor, past: int, unseen: int,
                       device: torch.device | str = "cpu") -> torch.LongTensor:
-    """[1, pending+n] positions: context tokens in order, a node at the root's position + its depth."""
-    return rows_tree_positions(parents[None], torch.tensor([past]), torch.ones(1, pending, dtype=torch.bool)).to(device)
+    """[1, unseen+n] positions: context tokens in order, a node at the root's position + its depth."""
+    return rows_tree_positions(parents[None], torch.tensor([past]), torch.ones(1, unseen, dtype=torch.bool)).to(device)
 
 
 def rows_tree_positions(parents: torch.LongTensor, next_position: torch.LongTensor,
-                        pending_valid: torch.BoolTensor) -> torch.LongTensor:
+                        unseen_valid: torch.BoolTensor) -> torch.LongTensor:
     """[B, W+n] positions of a batched tree forward: each row's real uncached tokens from its
     ``next_position`` on, its nodes at its root's position + their depth."""
-    next_position, pending_valid = next_position.cpu(), pending_valid.cpu()
-    context = next_position[:, None] + (pending_valid.long().cumsum(-1) - 1).clamp_min(0)
-    root = next_position + pending_valid.sum(-1) - 1
+    next_position, unseen_valid = next_position.cpu(), unseen_valid.cpu()
+    context = next_position[:, None] + (unseen_valid.long().cumsum(-1) - 1).clamp_min(0)
+    root = next_position + unseen_valid.sum(-1) - 1
     return torch.cat([context, root[:, None] + torch.stack([depths(p) for p in parents])], dim=1)
 
 

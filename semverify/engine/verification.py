@@ -12,8 +12,7 @@ from functools import cached_property
 import torch
 
 from ..types import Draft, Judge, Verdict, VerifyInput
-from .coupling import CoupledRows, is_coupled
-from .sampling import sample_from, uniform
+from .noise import is_coupled, joined, per_row, rows_of, sample_from, uniform
 from .tree import leaf_paths
 
 
@@ -25,15 +24,15 @@ def verify_rows(rule: Judge, x: VerifyInput) -> tuple[list[list[int]], Verdict]:
     the draws are keyed by position (greedy, or coupled noise); rows of another rule whose draws consume a random
     stream, and tree or step drafts (`Draft.rows`), go one row at a time, each on its own draft."""
     batch, draft = x.draft.tokens.shape[0], x.draft
-    if batch == 1 and draft.lengths is None:
+    if batch == 1 and draft.lengths is None:  # one row as drafted (a chain, a tree or its own step)
         path, verdict = verify_one(rule, x)
         return [path], verdict
-    generators = list(x.generator) if isinstance(x.generator, (list, tuple)) else [x.generator] * batch
+    noises = per_row(x.generator, batch)
     by_law = getattr(rule, "states_law", False)
-    if draft.rows is None and not draft.is_tree and (by_law or not x.do_sample or all(map(is_coupled, generators))):
-        lengths = [draft.length] * batch if draft.lengths is None else draft.lengths.tolist()
+    if draft.kind in ("chain", "chains") and (by_law or not x.do_sample or all(map(is_coupled, noises))):
+        lengths = draft.row_lengths()
         groups = [[i for i in range(batch) if lengths[i] == n] for n in sorted(set(lengths))]
-        parts = [(rows, rule(_rows_input(x, rows, lengths[rows[0]], generators))) for rows in groups]
+        parts = [(rows, rule(_rows_input(x, rows, lengths[rows[0]], noises))) for rows in groups]
         return [list(range(lengths[i])) for i in range(batch)], _merge(parts, batch, x.k, x.target_logits.device)
     paths, parts = [], []
     for row in range(batch):
@@ -77,11 +76,11 @@ def _row_input(x: VerifyInput, row: int) -> VerifyInput:
     draft = x.draft.row(row)
     length, r = draft.length, slice(row, row + 1)
     hidden = None if x.target_hidden is None else x.target_hidden[r, : length + 1]
-    generator = x.generator[row] if isinstance(x.generator, (list, tuple)) else x.generator
-    return VerifyInput(draft, x.target_logits[r, : length + 1], x.do_sample, hidden, generator, **_tails(x, r))
+    return VerifyInput(draft, x.target_logits[r, : length + 1], x.do_sample, hidden, rows_of(x.generator, [row]),
+                       **_tails(x, r))
 
 
-def _rows_input(x: VerifyInput, rows: list[int], length: int, generators: list) -> VerifyInput:
+def _rows_input(x: VerifyInput, rows: list[int], length: int, noises: list) -> VerifyInput:
     """The rule's input for the chain-draft rows ``rows``, which all drafted ``length`` tokens; their draws go to
     their own streams (`CoupledRows` under coupled noise)."""
     batch = x.draft.tokens.shape[0]
@@ -90,14 +89,13 @@ def _rows_input(x: VerifyInput, rows: list[int], length: int, generators: list) 
     probs = x.draft.probs
     draft = Draft(x.draft.tokens[index, :length], None if probs is None else probs[index, :length])
     hidden = None if x.target_hidden is None else x.target_hidden[index, : length + 1]
-    own = [generators[i] for i in rows]
-    generator = own[0] if len(own) == 1 else CoupledRows(own) if all(map(is_coupled, own)) else own
-    return VerifyInput(draft, x.target_logits[index, : length + 1], x.do_sample, hidden, generator,
-                       **_tails(x, index))
+    noise = joined([noises[i] for i in rows])  # `CoupledRows` under coupled noise
+    return VerifyInput(draft, x.target_logits[index, : length + 1], x.do_sample, hidden, noise, **_tails(x, index))
 
 
 def _tails(x: VerifyInput, rows: slice | torch.Tensor) -> dict:
-    """The rows' output tails (`VerifyInput.history`, ``output_lengths``), where the loop gave them."""
+    """The output tails of ``rows`` (a slice, or a [B] index): ``history`` [B, L] and ``output_lengths`` [B] of those
+    rows, where the loop gave them."""
     return {name: None if value is None else value[rows]
             for name, value in (("history", x.history), ("output_lengths", x.output_lengths))}
 
@@ -112,6 +110,7 @@ class PathInput(VerifyInput):
 
     @cached_property
     def target_probs(self) -> torch.FloatTensor:
+        """[1, len(rows), V] the parent's probabilities at the root and the path's nodes."""
         return self.parent.target_probs[:, self.rows]
 
 

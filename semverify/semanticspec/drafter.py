@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from ..drafters.model import ModelDrafter
-from ..engine.coupling import is_coupled
+from ..engine.noise import is_coupled
 from ..engine.sampling import Sampler
 from ..types import Draft
 from .drafts import StepDraft, StepTokensDraft

@@ -23,7 +23,8 @@ from tqdm.auto import tqdm
 
 from ..answers import Answer, generate_answers
 from ..engine.cache import new_cache
-from ..engine.sampling import Sampler, sample_from
+from ..engine.noise import sample_from
+from ..engine.sampling import Sampler
 from ..rules import entropy
 from ..types import eos_ids
 from .segment import StepSegmenter

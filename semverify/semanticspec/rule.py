@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from ..engine.sampling import uniform
+from ..engine.noise import uniform
 from ..rules import BaseRule
 from ..types import VerifyInput
 from .probe import ProbeError, SemanticProbe

@@ -14,7 +14,7 @@ from semverify import Sampler, SpeculativeSampling, Verdict, generate
 from semverify.drafters import HybridDrafter, ModelDrafter, ModelTreeDrafter, PromptLookupDrafter
 from semverify.engine.cache import RowCache
 from semverify.engine.loop import speculative_generate
-from semverify.engine.sampling import sample_from
+from semverify.engine.noise import sample_from
 from semverify.registry import get_rule
 from semverify.rules import prefix_mask
 from tests.helpers import tiny_model
@@ -259,7 +259,8 @@ def test_rows_that_wait_finish_their_draft_at_the_next_call_as_they_would_alone(
     """With ``rounds``, a batch's draft call stops once a row has finished and the rounds are spent; the rows
     still drafting wait and draft on at the next call: each row's finished drafts (tokens, the coupled draws at
     its own positions, probabilities, hidden states) are those it drafts alone, before and after commits."""
-    from semverify.engine.coupling import CoupledNoise, at_offset
+    from semverify.engine.coupling import CoupledNoise
+    from semverify.engine.noise import at_offset
 
     draft_model, sampler = tiny_model(7, arch="llama"), Sampler(True, 0.8)
     rows = prompts(8, lengths=(5, 9, 3, 7))

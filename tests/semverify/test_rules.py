@@ -10,7 +10,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from semverify.engine.sampling import sample_from
+from semverify.engine.noise import sample_from
 from semverify.registry import available_rules, get_rule
 from semverify.rules import GreedyMatch, SpeculativeSampling, TypicalAcceptance, entropy
 from semverify.types import Draft, Verdict, VerifyInput

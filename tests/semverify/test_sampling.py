@@ -7,7 +7,8 @@ import scipy.stats
 import torch
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
-from semverify.engine.sampling import Sampler, sample_from
+from semverify.engine.noise import sample_from
+from semverify.engine.sampling import Sampler
 
 DRAWS = 50_000
 

@@ -50,19 +50,19 @@ def test_depths_ancestors_and_paths():
     assert leaf_paths(parents) == [[0, 1, 2], [0, 3], [4, 5]]
 
 
-def test_mask_and_positions_with_pending_context():
+def test_mask_and_positions_with_unseen_context():
     parents = torch.tensor([-1, 0, -1])
-    mask = tree_attention_mask(parents, past=2, pending=2, dtype=torch.float32)[0, 0] == 0
+    mask = tree_attention_mask(parents, past=2, unseen=2, dtype=torch.float32)[0, 0] == 0
     expected = torch.tensor([
         # cache  ctx   nodes
-        [1, 1, 1, 0, 0, 0, 0],  # first pending token: causal
+        [1, 1, 1, 0, 0, 0, 0],  # first unseen token: causal
         [1, 1, 1, 1, 0, 0, 0],  # root
         [1, 1, 1, 1, 1, 0, 0],  # node 0
         [1, 1, 1, 1, 1, 1, 0],  # node 1 (child of 0)
         [1, 1, 1, 1, 0, 0, 1],  # node 2 (sibling of 0)
     ], dtype=torch.bool)
     assert torch.equal(mask, expected)
-    assert tree_position_ids(parents, past=2, pending=2).tolist() == [[2, 3, 4, 5, 4]]
+    assert tree_position_ids(parents, past=2, unseen=2).tolist() == [[2, 3, 4, 5, 4]]
 
 
 @pytest.mark.parametrize("arch", ["qwen2", "llama"])
