@@ -20,6 +20,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from semverify.registry import closest
+
 from .grading import CODE_GRADERS, GRADERS, MATH_GRADERS, extract_strict, grade, grade_code, grade_math, last_boxed
 
 DATA = Path(__file__).parent / "data"
@@ -264,5 +266,5 @@ BENCHMARKS = {b.name: b for b in (GSM8K(), MATH500(), HumanEval())}
 
 def get_benchmark(name: str) -> Benchmark:
     if name not in BENCHMARKS:
-        raise ValueError(f"unknown benchmark {name!r}; available: {', '.join(BENCHMARKS)}")
+        raise ValueError(f"unknown benchmark {name!r}{closest(name, BENCHMARKS)}; available: {', '.join(BENCHMARKS)}")
     return BENCHMARKS[name]

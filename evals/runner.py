@@ -174,20 +174,19 @@ def _run(run: CheckedRun, todo: list[tuple[Work, Method]], writer: RowWriter, ra
     stores = {path: load_datastore(path, settings.target, target)
               for path in {m.datastore(settings.datastore) for m in run.methods} - {None}}
     live: dict[str, list] = {}
-    bar = tqdm(total=len(todo), desc=f"compare[{rank}]" if world > 1 else "compare", unit="run")
     started = time.perf_counter()
-    for work, method in batches(todo, settings.batch_size or 1):
-        own = replace(resources, datastore=stores.get(method.datastore(settings.datastore)))
-        for row in run_batch(work, method, run.rules[method.name], settings, target, tokenizer, own, bench):
-            writer.write(row if timed else {**row, "timed": False})
-            acc, taus = live.setdefault(method.name, [[], []])
-            acc.append(row["grades"][bench.main_grader])
-            taus.append(row["tau"])
-        bar.update(len(work))
-        per_hour = bar.n * 3600 / max(time.perf_counter() - started, 1e-9)
-        bar.set_postfix_str(f"{per_hour:.0f} outputs/h " + " ".join(
-            f"{n}: acc={sum(a) / len(a):.2f} tau={sum(t) / len(t):.2f}" for n, (a, t) in live.items()))
-    bar.close()
+    with tqdm(total=len(todo), desc=f"compare[{rank}]" if world > 1 else "compare", unit="run") as bar:
+        for work, method in batches(todo, settings.batch_size or 1):  # a stop closes the bar before its line
+            own = replace(resources, datastore=stores.get(method.datastore(settings.datastore)))
+            for row in run_batch(work, method, run.rules[method.name], settings, target, tokenizer, own, bench):
+                writer.write(row if timed else {**row, "timed": False})
+                acc, taus = live.setdefault(method.name, [[], []])
+                acc.append(row["grades"][bench.main_grader])
+                taus.append(row["tau"])
+            bar.update(len(work))
+            per_hour = bar.n * 3600 / max(time.perf_counter() - started, 1e-9)
+            bar.set_postfix_str(f"{per_hour:.0f} outputs/h " + " ".join(
+                f"{n}: acc={sum(a) / len(a):.2f} tau={sum(t) / len(t):.2f}" for n, (a, t) in live.items()))
 
 
 def batches(todo: list[tuple[Work, Method]], size: int) -> list[tuple[list[Work], Method]]:

@@ -4,17 +4,31 @@ what is available; the evaluation harness adds ``compare``, ``report`` and its o
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
+import os
 import shlex
 import sys
+import textwrap
 from importlib.metadata import entry_points
+from typing import NoReturn
 
 import torch
 
-from .commands import GROUP, USER_ERRORS, Command, CommandFailed, key_value, positive_int
+from .commands import (
+    GROUP,
+    INTERRUPTED,
+    USER_ERRORS,
+    Command,
+    CommandFailed,
+    add_decoding_args,
+    key_value,
+    positive_int,
+)
 from .models import DEFAULT_TARGET, OFFLINE_MODELS
+from .phases import PHASE_PARAMS
 from .plugins import add_plugin_option, load_plugins
-from .registry import available_rules
+from .registry import available_drafters, available_rules, drafter_kind, rule_factory, rule_summary
 
 
 def _configure_generate(p: argparse.ArgumentParser) -> None:
@@ -29,12 +43,7 @@ def _configure_generate(p: argparse.ArgumentParser) -> None:
                    help="rule constructor argument, e.g. posterior_threshold=0.09 or percentile=80 (repeatable)")
     p.add_argument("-k", "--num-draft-tokens", type=positive_int, default=None,
                    help="draft tokens per step (default 5)")
-    p.add_argument("--max-new-tokens", type=positive_int, default=128)
-    p.add_argument("--do-sample", action="store_true")
-    p.add_argument("--temperature", type=float, default=None)
-    p.add_argument("--top-k", type=int, default=None)
-    p.add_argument("--top-p", type=float, default=None)
-    p.add_argument("--seed", type=int, default=0)
+    add_decoding_args(p, max_new_tokens=128, temperature=None)
     p.add_argument("--dtype", default="bfloat16",
                    help="bfloat16, float32 (exact), or fastest (per model, measured once on this machine)")
     p.add_argument("--device", default="cpu", help="where the models run: cpu (default), cuda, cuda:N or mps")
@@ -78,9 +87,42 @@ def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _meaning(obj: object) -> str:
+    """The first paragraph of ``obj``'s docstring (the meaning the API reference gives it), wrapped and indented."""
+    doc = inspect.getdoc(getattr(obj, "func", obj)) or "(no description)"
+    return textwrap.fill(" ".join(doc.split("\n\n", 1)[0].split()), 116, initial_indent="    ",
+                         subsequent_indent="    ")
+
+
 def _rules(args: argparse.Namespace) -> int:
     load_plugins(args.plugin, "--plugin")
-    print("\n".join(available_rules()))
+    for name in available_rules():
+        print(f"{name}: {rule_summary(name)}\n{_meaning(rule_factory(name))}")
+    print(f"\nA token rule also takes {', '.join(PHASE_PARAMS)}, limiting it to a span of the output "
+          "(docs: Relaxed knobs); give parameters as --rule-param KEY=VALUE, or NAME:KEY=VALUE in --methods.")
+    return 0
+
+
+def _drafters(args: argparse.Namespace) -> int:
+    load_plugins(args.plugin, "--plugin")
+    for name in available_drafters():
+        kind = drafter_kind(name)
+        settings = ", ".join(f"drafter.{s}" for s in kind.settings) or "none"
+        needs = ", ".join(kind.needs) or "nothing"
+        print(f"{name}: needs {needs}; k default {kind.default_k}; settings: {settings}\n{_meaning(kind.drafter)}")
+    return 0
+
+
+def _methods(args: argparse.Namespace) -> int:
+    from .methods import available_methods, get_method
+
+    load_plugins(args.plugin, "--plugin")
+    for name in available_methods():
+        m = get_method(name)
+        params = ", ".join(f"{key}={value!r}" for key, value in {**m.rule_params, **{
+            f"drafter.{key}": value for key, value in m.drafter_params.items()}}.items())
+        alone = " (the draft model decodes alone)" if m.decoder == "draft" else ""
+        print(f"{name}: drafter {m.drafter}, rule {m.rule}, k={m.k}{alone}" + (f"; {params}" if params else ""))
     return 0
 
 
@@ -92,7 +134,12 @@ def _models(args: argparse.Namespace) -> int:
 
 LIBRARY_COMMANDS = (
     Command("generate", "speculative decoding of one prompt", _configure_generate, _generate),
-    Command("rules", "list the registered acceptance rules (with those of plugins)", add_plugin_option, _rules),
+    Command("rules", "the registered acceptance rules (with those of plugins): meaning, parameters and defaults",
+            add_plugin_option, _rules),
+    Command("drafters", "the registered drafter kinds: meaning, what they need, their settings", add_plugin_option,
+            _drafters),
+    Command("methods", "the method presets (--methods NAME): drafter, rule, k and parameters", add_plugin_option,
+            _methods),
     Command("models", "list the offline model aliases", lambda p: None, _models),
 )
 
@@ -105,11 +152,18 @@ def commands() -> dict[str, Command]:
     return found
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line naming the fix (the usage only with ``--help``)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
 def build_parser(table: dict[str, Command]) -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                         help="show the traceback of an error")
-    parser = argparse.ArgumentParser(prog="semverify", description=__doc__, parents=[common])
+    parser = OneLineParser(prog="semverify", description=__doc__, parents=[common])
     sub = parser.add_subparsers(dest="command", required=True)
     for command in table.values():
         command.configure(sub.add_parser(command.name, help=command.help, description=command.help, parents=[common]))
@@ -128,6 +182,16 @@ def main(argv: list[str] | None = None) -> int:
     args.command_line = shlex.join(["semverify", *argv])  # provenance
     try:
         return table[args.command].run(args) or 0
+    except BrokenPipeError:  # the reader stopped (``semverify rules | head``): nothing more to say
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    except KeyboardInterrupt:
+        if getattr(args, "debug", False):
+            raise
+        kept = table[args.command].stopped
+        line = f"semverify {args.command}: stopped" + (f"; {kept(args)}" if kept else "")
+        print(f"\n{line}", file=sys.stderr)  # on a line of its own, below a progress bar
+        return INTERRUPTED
     except USER_ERRORS as err:
         if getattr(args, "debug", False):
             raise

@@ -112,7 +112,7 @@ class Method:
         return spec  # optional keys only when set, so runs written before them still resume
 
 
-_METHODS: Registry[Method] = Registry("unknown method {name!r}; built-in methods: {known} (or use --config)")
+_METHODS: Registry[Method] = Registry("unknown method {name}; built-in methods: {known} (or use --config)")
 
 
 def register_method(method: Method) -> None:

@@ -8,7 +8,9 @@ entries when imported (``import semverify`` imports them all).
 
 from __future__ import annotations
 
+import difflib
 import inspect
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Callable, Generic, TypeVar
 
@@ -48,7 +50,7 @@ T = TypeVar("T")
 
 class Registry(Generic[T]):
     """Entries by name, in the order registered; an unknown name is an error naming the known ones
-    (``unknown``: the message, with ``{name!r}`` and ``{known}``)."""
+    (``unknown``: the message, with ``{name}``, the name and the closest known one, and ``{known}``)."""
 
     def __init__(self, unknown: str) -> None:
         self.unknown = unknown
@@ -65,8 +67,15 @@ class Registry(Generic[T]):
 
     def get(self, name: str) -> T:
         if name not in self.entries:
-            raise ValueError(self.unknown.format(name=name, known=", ".join(self.entries)))
+            raise ValueError(self.unknown.format(name=f"{name!r}{closest(name, self.entries)}",
+                                                 known=", ".join(self.entries)))
         return self.entries[name]
+
+
+def closest(name: str, known: Iterable[str]) -> str:
+    """`` (did you mean 'x'?)`` for the known name nearest ``name``, or nothing when none is near."""
+    match = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
+    return f" (did you mean {match[0]!r}?)" if match else ""
 
 
 # -- acceptance rules ---------------------------------------------------------------------------------
@@ -75,15 +84,18 @@ class Registry(Generic[T]):
 class _RuleEntry:
     factory: Callable[..., BaseRule]
     contextual: bool  # called as factory(context, **params)
+    takes: Callable | None = None  # whose signature and docstring describe the params (default: the factory)
 
 
-_RULES: Registry[_RuleEntry] = Registry("unknown acceptance rule {name!r}; available: {known}")
+_RULES: Registry[_RuleEntry] = Registry("unknown acceptance rule {name}; available: {known}")
 
 
-def register_rule(name: str, factory: Callable[..., BaseRule], *, contextual: bool = False) -> None:
+def register_rule(name: str, factory: Callable[..., BaseRule], *, contextual: bool = False,
+                  takes: Callable | None = None) -> None:
     """Make the rule name ``name`` build ``factory(**params)``, or ``factory(context, **params)`` when
-    ``contextual`` (the rule needs to know the run: models, temperature, tokenizer)."""
-    _RULES.add(name, _RuleEntry(factory, contextual))
+    ``contextual`` (the rule needs to know the run: models, temperature, tokenizer). ``takes``: the callable whose
+    keyword parameters and docstring describe ``params``, where the factory only passes them on."""
+    _RULES.add(name, _RuleEntry(factory, contextual, takes))
 
 
 def available_rules() -> list[str]:
@@ -107,18 +119,63 @@ def _build_rule(rule: str | BaseRule, context: RunContext | None, params: dict) 
             raise TypeError(f"rule must be a rule name or a BaseRule (semverify.rules), got {type(rule).__name__}")
         return rule
     entry = _RULES.get(rule)
-    check_param_types(rule, entry.factory, params)
+    check_params(rule, entry.takes or entry.factory, params)
     return entry.factory(context or RunContext(), **params) if entry.contextual else entry.factory(**params)
 
 
-def check_param_types(rule: str, factory: Callable, params: dict) -> None:
-    """Refuse a parameter whose value is not of the type its default has (a number given as text, say),
-    naming the parameter, before the rule's own code meets it."""
+def rule_factory(name: str) -> Callable[..., BaseRule]:
+    """What builds rule ``name`` (its class, for the registered classes), or what describes its parameters."""
+    entry = _RULES.get(name)
+    return entry.takes or entry.factory
+
+
+def rule_params(name: str) -> dict[str, Any]:
+    """The parameters rule ``name`` takes and their defaults (``inspect.Parameter.empty`` where required), besides
+    the phase parameters that limit a token rule (`semverify.phases`); `semverify rules` prints them."""
+    entry = _RULES.get(name)
+    parameters, _ = _keywords(entry.takes or entry.factory)
+    parameters = parameters[1:] if entry.contextual and entry.takes is None else parameters
+    return {p.name: p.default for p in parameters}
+
+
+def _keywords(described: Callable) -> tuple[list[inspect.Parameter], bool]:
+    """The named parameters of ``described``, following a class's ``**kwargs`` into the constructor of the base
+    class it passes them to, and whether any ``**kwargs`` is left open."""
+    try:
+        parameters = list(inspect.signature(described).parameters.values())
+    except (TypeError, ValueError):
+        return [], True
+    named = [p for p in parameters if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    if len(named) == len(parameters) or not isinstance(cls := getattr(described, "func", described), type):
+        return named, len(named) != len(parameters)
+    base = next((b for b in cls.__mro__[1:] if "__init__" in vars(b)), object)
+    more, open_ended = _keywords(base) if base is not object else ([], True)
+    return named + [p for p in more if p.name not in {q.name for q in named}], open_ended
+
+
+def rule_summary(name: str) -> str:
+    """Rule ``name``'s parameters with their defaults, one line: ``a=1, b, ...`` (``b`` required), or ``none``."""
+    def shown(value: Any) -> str:
+        text = repr(value)
+        return text if len(text) <= 40 else f"{text[:36]}...{text[-1]}"
+
+    return ", ".join(key if default is inspect.Parameter.empty else f"{key}={shown(default)}"
+                     for key, default in rule_params(name).items()) or "none"
+
+
+def check_params(rule: str, factory: Callable, params: dict) -> None:
+    """Refuse a parameter the rule does not take (naming the closest and listing those it takes), and one whose
+    value is not of the type its default has (a number given as text, say), before the rule's own code meets it."""
     try:
         signature = inspect.signature(factory)
     except (TypeError, ValueError):
         return
+    known = rule_params(rule)
+    open_ended = _keywords(factory)[1]
     for key, value in params.items():
+        if key not in known and not open_ended:
+            raise ValueError(f"rule {rule!r} takes no parameter {key!r}{closest(key, [*known, *PHASE_PARAMS])}; its "
+                             f"parameters: {rule_summary(rule)} (a token rule also takes {', '.join(PHASE_PARAMS)})")
         default = signature.parameters[key].default if key in signature.parameters else inspect.Parameter.empty
         if isinstance(default, bool):
             if not isinstance(value, bool):
@@ -188,7 +245,7 @@ class DrafterKind:
         return self.drafter.batching != "single"
 
 
-_DRAFTERS: Registry[DrafterKind] = Registry("unknown drafter {name!r}; use one of {known}")
+_DRAFTERS: Registry[DrafterKind] = Registry("unknown drafter {name}; use one of {known}")
 _NEEDS = {"draft_model": "a model (the draft model)", "draft_model_int8": "a model (the int8 draft model)",
           "tokenizer": "the tokenizer", "datastore": "a datastore"}
 
@@ -214,7 +271,8 @@ def make_drafter(name: str, resources: DraftResources, k: int, **settings) -> Dr
     unknown = sorted(set(settings) - set(kind.settings))
     if unknown:
         known = ", ".join(kind.settings) or "none"
-        raise ValueError(f"drafter {name!r} takes no setting {', '.join(unknown)} (its settings: {known})")
+        raise ValueError(f"drafter {name!r} takes no setting {', '.join(unknown)}{closest(unknown[0], kind.settings)} "
+                         f"(its settings: {known})")
     return kind.factory(resources, k, **settings)
 
 

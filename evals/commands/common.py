@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
-from semverify.commands import non_negative_int, positive_int
+from semverify.commands import add_decoding_args, non_negative_int, positive_int
 from semverify.engine.coupling import NOISE_KINDS
 from semverify.models import DEFAULT_DRAFT, DEFAULT_TARGET
 from semverify.plugins import add_plugin_option, load_plugins, loaded_plugins
@@ -69,12 +69,7 @@ def add_run_args(p: argparse.ArgumentParser, limit: int, dtype: str | None = "bf
     p.add_argument("--offset", type=non_negative_int, default=None,
                    help="start at this problem (default 0), e.g. to choose settings on problems the final table "
                         "does not use")
-    p.add_argument("--max-new-tokens", type=positive_int, default=256)
-    p.add_argument("--do-sample", action="store_true")
-    p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=None)
-    p.add_argument("--top-p", type=float, default=None)
-    p.add_argument("--seed", type=int, default=0)
+    add_decoding_args(p, max_new_tokens=256, temperature=1.0)
     p.add_argument("--samples", type=positive_int, default=None,
                    help="with --do-sample: outputs per problem and method, each with its own seed derived from the "
                         "problem's (accuracy is then the mean of per-problem pass rates)")
@@ -164,3 +159,11 @@ def plugin_hint(run_dir: str) -> str:
     how = ", ".join(f"install {p['package']}" if p.get("package") else
                     f"pass --plugin {p['file'] if p['name'].endswith('.py') else p['name']}" for p in missing)
     return f"the run in {run_dir} was started with plugins that are not loaded now: {how}"
+
+
+def kept_rows(args: argparse.Namespace) -> str:
+    """What a stopped run over ``--out`` kept (`Command.stopped`): its rows, and how to go on."""
+    from evals.rows import read_rows
+
+    rows = len(read_rows(args.out)) if Path(args.out).is_dir() else 0
+    return f"{rows} rows kept in {args.out}; rerun the same command to resume"

@@ -10,7 +10,7 @@ from evals.runner import compare, shard_info
 from semverify.commands import Command, non_negative_int
 from semverify.methods import available_methods
 
-from .common import add_run_args, checked_run
+from .common import add_run_args, checked_run, kept_rows
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -45,4 +45,5 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMAND = Command("compare", "run several methods on the same benchmark problems (resumable)", configure, run)
+COMMAND = Command("compare", "run several methods on the same benchmark problems (resumable)", configure, run,
+                  stopped=kept_rows)

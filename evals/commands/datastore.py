@@ -47,4 +47,5 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMAND = Command("datastore", "build a SENSE datastore of the target's hidden states (resumable)", configure, run)
+COMMAND = Command("datastore", "build a SENSE datastore of the target's hidden states (resumable)", configure, run,
+                  stopped=lambda args: f"the texts done are kept in {args.out}.parts; rerun the same command to resume")

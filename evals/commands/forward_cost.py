@@ -15,8 +15,8 @@ def configure(p: argparse.ArgumentParser) -> None:
     add_device(p)
     p.add_argument("--context", type=positive_int, default=300, help="cached tokens before the draft (prompt + answer)")
     p.add_argument("--sizes", default=",".join(map(str, SIZES)), help="draft token counts to time")
-    p.add_argument("--repeats", type=positive_int, default=7)
-    p.add_argument("--out", default="results/forward-cost")
+    p.add_argument("--repeats", type=positive_int, default=7, help="timed forwards per cell (default 7)")
+    p.add_argument("--out", default="results/forward-cost", help="folder for the tables (default results/forward-cost)")
 
 
 COMMAND = Command("forward-cost", "time one verification forward against its number of draft tokens", configure,

@@ -32,7 +32,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--keep-large-buffers", action="store_true",
                    help="let glibc's malloc reuse freed buffers above 32 MB (semverify.machine.keep_large_buffers): "
                         "a batch's verify logits are above it, so by default each step maps fresh pages")
-    p.add_argument("--out", default="results/loop-cost")
+    p.add_argument("--out", default="results/loop-cost", help="folder for the tables (default results/loop-cost)")
 
 
 COMMAND = Command("loop-cost", "the loop's bookkeeping per step (perfect drafter) against transformers' plain step",

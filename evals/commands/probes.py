@@ -82,4 +82,5 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMAND = Command("probes", "draw, label and train a matched pair of SemanticSpec probes (resumable)", configure, run)
+COMMAND = Command("probes", "draw, label and train a matched pair of SemanticSpec probes (resumable)", configure, run,
+                  stopped=lambda args: f"what was done is kept in {args.work}; rerun the same command to resume")

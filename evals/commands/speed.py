@@ -15,7 +15,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     add_models(p)
     add_device(p)
     p.add_argument("--data", default="auto", help="'auto' (the shipped dev problems), 'sample', a jsonl path or 'hub'")
-    p.add_argument("--limit", type=positive_int, default=10)
+    p.add_argument("--limit", type=positive_int, default=10, help="problems to time (default 10)")
     p.add_argument("--max-new-tokens", type=positive_int, default=128)
     p.add_argument("--k", type=positive_int, default=None,
                    help="draft tokens per step of semverify's draft-model methods (default: each preset's own)")
@@ -23,8 +23,8 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--methods", default=",".join(METHODS),
                    help="method presets, PRESET_int8 (on the int8 draft) and transformers' " + ", ".join(HF_METHODS)
                         + "; hf_vanilla is the baseline")
-    p.add_argument("--threads", type=positive_int, default=2)
-    p.add_argument("--out", default="results/speed")
+    p.add_argument("--threads", type=positive_int, default=2, help="torch threads (default 2)")
+    p.add_argument("--out", default="results/speed", help="folder for the tables (default results/speed)")
 
 
 COMMAND = Command("speed", "speed benchmark against transformers' assisted generation (greedy, resumable)",

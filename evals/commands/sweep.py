@@ -9,7 +9,7 @@ from evals.runner import compare
 from evals.sweep import frontier, grid_methods, parse_grid, write
 from semverify.commands import Command
 
-from .common import add_run_args, checked_run, names
+from .common import add_run_args, checked_run, kept_rows, names
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -42,4 +42,4 @@ def run(args: argparse.Namespace) -> int:
 
 
 COMMAND = Command("sweep", "run a method over a grid of its knobs and pick the fastest setting that keeps accuracy",
-                  configure, run)
+                  configure, run, stopped=kept_rows)

@@ -3,6 +3,7 @@ accepts or rejects each one (probes on hidden states, the target's likelihood, o
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 
@@ -61,7 +62,8 @@ def _step_drafter(resources: DraftResources, k: int, int8: bool = False, rounds:
 
 register_rule("semanticspec", make_semanticspec, contextual=True)
 register_rule("step_likelihood", StepLikelihood)
-register_rule("specreason", lambda context, **params: SpecReason(context.tokenizer, **params), contextual=True)
+register_rule("specreason", lambda context, **params: SpecReason(context.tokenizer, **params), contextual=True,
+              takes=functools.partial(SpecReason, None))
 register_drafter(DrafterKind("step", _step_drafter, StepDrafter, needs=("draft_model",), settings=("rounds",),
                              default_k=128, step_cap=True))
 # the same steps written by the int8 draft: where drafting, not verification, bounds a step rule's speed

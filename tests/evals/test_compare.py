@@ -222,6 +222,29 @@ def test_compare_report_and_resume_after_kill(tiny_checkpoint, tmp_path):
     assert len(spec["resumed"]) == 1 and re.fullmatch(r"[0-9a-f]{40}( \+ local changes)?", spec["resumed"][0]["code"])
 
 
+def test_ctrl_c_stops_a_compare_with_one_line_and_exit_130(tiny_checkpoint, tmp_path):
+    """Ctrl-C (SIGINT) on a real `compare`: no traceback, exit status 130, one line saying how many rows were kept
+    and how to resume, and the rerun goes on from them."""
+    out = tmp_path / "stopped"
+    cmd = [sys.executable, "-m", "semverify.cli", *compare_args(tiny_checkpoint, out, extra=["--no-report"])]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    rows_file = out / "rows.rank0.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline and not (rows_file.exists() and rows_file.read_text().count("\n") >= 2):
+        time.sleep(0.02)
+    assert proc.poll() is None, "the run finished before the interrupt landed"
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err
+    last = re.split(r"[\r\n]", err.strip())[-1]  # below the progress bar
+    kept = len(read_rows(out))
+    assert last == f"semverify compare: stopped; {kept} rows kept in {out}; rerun the same command to resume"
+    assert 2 <= kept < 16
+    main(compare_args(tiny_checkpoint, out, extra=["--no-report"]))
+    assert len(read_rows(out)) == 16
+
+
 def test_compare_builds_the_benchmark_tokenizer_and_rules_once(tiny_checkpoint, tmp_path, monkeypatch):
     from collections import Counter
 
