@@ -73,9 +73,8 @@ def rows_of(noise: Noise, rows: Sequence[int] | slice) -> Noise:
     """The noise of the batch rows ``rows`` only (a one-noise-for-all stream stays as it is)."""
     if not (_is_rows(noise) or isinstance(noise, CoupledRows)):
         return noise
-    every = per_row(noise, len(noise) if _is_rows(noise) else len(noise.rows))
-    picked = every[rows] if isinstance(rows, slice) else [every[i] for i in rows]
-    return joined(picked)
+    every = noise if _is_rows(noise) else noise.rows  # no copy: a batch's rows ask one at a time
+    return joined(every[rows] if isinstance(rows, slice) else [every[i] for i in rows])
 
 
 def at_offset(noise: Noise, offset: int, sequence: torch.Tensor | None = None) -> Noise:
