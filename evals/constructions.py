@@ -45,21 +45,26 @@ def side_by_side(old_dir: str | Path, new_dir: str | Path, methods: list[str], r
     result: dict = {"old": str(old_dir), "new": str(new_dir), "couplings": list(versions), "reference": reference,
                     "grader": grader, "methods": {}}
     for method in methods:
-        if method not in old or method not in new:
-            raise ValueError(f"{method!r} needs rows in both runs ({old_dir}: {sorted(old)}; {new_dir}: {sorted(new)})")
-        keys = sorted(set(old[method]) & set(new[method]) & set(old[reference]))
+        if method not in new:
+            raise ValueError(f"{method!r} has no rows in {new_dir} (it has {sorted(new)})")
+        before = old.get(method)  # None: the old construction never ran it (new - reference only)
+        keys = sorted(set(new[method]) & set(old[reference]) & (set(before) if before else set(new[method])))
         if not keys:
             raise ValueError(f"{method!r} has no (problem, sample) in both runs and the reference")
-        grade = {name: [bool(rows[k]["grades"][grader]) for k in keys]
-                 for name, rows in (("old", old[method]), ("new", new[method]), ("reference", old[reference]))}
+        sides = (("old", before), ("new", new[method]), ("reference", old[reference]))
+        grade = {name: [bool(rows[k]["grades"][grader]) for k in keys] for name, rows in sides if rows}
         paired = {name: by_problem(keys, grade[name]) for name in grade}
-        entry = {"outputs": len(keys), "problems": [keys[0][0], keys[-1][0]],
-                 "correct": {name: sum(g) for name, g in grade.items()},
-                 "tau": {"old": _mean([old[method][k]["tau"] for k in keys if old[method][k].get("tau")]),
-                         "new": _mean([new[method][k]["tau"] for k in keys if new[method][k].get("tau")])},
-                 "identical": sum(old[method][k]["output_ids"] == new[method][k]["output_ids"] for k in keys)}
+        entry = {"outputs": len(keys), "problems": [keys[0][0], keys[-1][0]], "old_rows": before is not None,
+                 "correct": {name: sum(grade[name]) if name in grade else None for name, _ in sides},
+                 "tau": {name: _mean([rows[k]["tau"] for k in keys if rows[k].get("tau")]) if rows else None
+                         for name, rows in sides[:2]},
+                 "identical": sum(before[k]["output_ids"] == new[method][k]["output_ids"] for k in keys)
+                 if before else None}
         for label, a, b in (("new - old", "new", "old"), ("old - reference", "old", "reference"),
                             ("new - reference", "new", "reference")):
+            if a not in grade or b not in grade:
+                entry[label] = None
+                continue
             d = accuracy_difference(paired[a], paired[b])
             entry[label] = {"difference": d["difference"], "low": d["low"], "high": d["high"],
                             "discordant": sum(x != y for x, y in zip(grade[a], grade[b]))}
@@ -78,11 +83,17 @@ def markdown(result: dict) -> str:
     for name, e in result["methods"].items():
         c, t = e["correct"], e["tau"]
         labels = ("new - old", "old - reference", "new - reference")
-        cells = [as_points(e[label]["difference"], e[label]["low"], e[label]["high"])
+        cells = ["- (no old rows)" if e[label] is None else as_points(e[label]["difference"], e[label]["low"],
+                                                                      e[label]["high"])
                  + f" ({e[label]['discordant']} differ)" for label in labels]
         taus = " / ".join("-" if v is None else f"{v:.2f}" for v in (t["old"], t["new"]))
-        lines.append(f"| `{name}` | {e['problems'][0]}-{e['problems'][1]} ({e['outputs']}) | {c['old']} / {c['new']} "
-                     f"({c['reference']}) | {' | '.join(cells)} | {e['identical']} of {e['outputs']} | {taus} |")
+        same = "-" if e["identical"] is None else f"{e['identical']} of {e['outputs']}"
+        correct = f"{'-' if c['old'] is None else c['old']} / {c['new']} ({c['reference']})"
+        lines.append(f"| `{name}` | {e['problems'][0]}-{e['problems'][1]} ({e['outputs']}) | {correct} | "
+                     f"{' | '.join(cells)} | {same} | {taus} |")
+    if any(not e["old_rows"] for e in result["methods"].values()):
+        lines += ["", "A method without old rows never ran under the old construction on these problems: it is "
+                  "measured against the reference only."]
     return "\n".join(lines) + "\n"
 
 
@@ -90,7 +101,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m evals.constructions", description=__doc__.split("\n\n")[0])
     parser.add_argument("old", help="run folder of the old construction (its reference rows are used)")
     parser.add_argument("new", help="run folder of the new construction")
-    parser.add_argument("--methods", required=True, help="comma-separated methods both runs have")
+    parser.add_argument("--methods", required=True,
+                        help="comma-separated methods of the new run (those the old run lacks: against the reference)")
     parser.add_argument("--reference", default="vanilla")
     parser.add_argument("--grader", default="math_verify")
     parser.add_argument("--out", help="write OUT.md and OUT.json (default: print the table)")
