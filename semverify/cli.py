@@ -89,7 +89,7 @@ def _generate(args: argparse.Namespace) -> int:
 
 def _meaning(obj: object) -> str:
     """The first paragraph of ``obj``'s docstring (the meaning the API reference gives it), wrapped and indented."""
-    doc = inspect.getdoc(getattr(obj, "func", obj)) or "(no description)"
+    doc = inspect.cleandoc(getattr(obj, "func", obj).__doc__ or "(no description)")  # its own, not a base's
     return textwrap.fill(" ".join(doc.split("\n\n", 1)[0].split()), 116, initial_indent="    ",
                          subsequent_indent="    ")
 

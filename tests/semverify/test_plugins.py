@@ -199,7 +199,7 @@ def test_the_command_line_loads_plugins_for_rules_and_generate(isolated, tmp_pat
         main(generate)
     assert info.value.code == 2 and "unknown acceptance rule 'capped_greedy'" in capsys.readouterr().err
     main(["rules", "--plugin", str(path)])
-    assert "capped_greedy" in capsys.readouterr().out.split()
+    assert "capped_greedy: cap=2\n    (no description)\n" in capsys.readouterr().out
     assert main([*generate, "--plugin", str(path)]) == 0
     err = capsys.readouterr().err
     assert '"capped"' in err  # the rule's reason in the statistics: the plugin's rule judged the drafts
