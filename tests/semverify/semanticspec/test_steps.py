@@ -213,9 +213,9 @@ def rounds(request, monkeypatch):
     row has finished (rows still drafting wait and go on at the next step); yields (rounds, rows waiting per step)."""
     from semverify.engine import loop
 
-    waits, verify = [], loop.verify_input
-    monkeypatch.setattr(loop, "verify_input", lambda *args, ready=None, **kw: waits.append(
-        0 if ready is None else len(args[4].tokens) - len(ready)) or verify(*args, ready=ready, **kw))
+    waits, verify = [], loop.verify
+    monkeypatch.setattr(loop, "verify", lambda target, cache, step, *rest: waits.append(
+        len(step.draft.tokens) - len(step.ready)) or verify(target, cache, step, *rest))
     yield request.param, waits
     assert (sum(waits) > 0) == (request.param > 0), waits  # rows waited exactly when drafts may stop early
 
@@ -252,7 +252,7 @@ def verification(request, monkeypatch):
         return
     splits, grouped = [], loop.grouped_forward
     monkeypatch.setattr(width_groups, "FORWARD_OVERHEAD", 0)
-    monkeypatch.setattr(loop, "grouped_forward", lambda *args, **kw: splits.append(args[5]) or grouped(*args, **kw))
+    monkeypatch.setattr(loop, "grouped_forward", lambda *args, **kw: splits.append(args[3]) or grouped(*args, **kw))
     yield splits
 
 
