@@ -41,6 +41,7 @@ class Draft:
     lengths: torch.LongTensor | None = None  # [B]
     rows: list[Draft] | None = None  # [B] one-row drafts
     waiting: torch.BoolTensor | None = None  # [B] rows still drafting: no tokens, not verified this step
+    _row_lengths: list[int] | None = field(default=None, init=False, repr=False, compare=False)  # `row_lengths`
 
     def __post_init__(self) -> None:
         if self.tokens.dim() != 2:
@@ -75,8 +76,11 @@ class Draft:
         return "chain" if self.lengths is None else "chains"
 
     def row_lengths(self) -> list[int]:
-        """[B] how many real tokens each row drafted (one read of ``lengths`` to the host)."""
-        return [self.length] * self.tokens.shape[0] if self.lengths is None else self.lengths.tolist()
+        """[B] how many real tokens each row drafted (``lengths`` read to the host once per draft)."""
+        if self._row_lengths is None:
+            self._row_lengths = ([self.length] * self.tokens.shape[0] if self.lengths is None
+                                 else self.lengths.tolist())
+        return self._row_lengths
 
     def mask(self) -> torch.BoolTensor:
         """[B, n] which columns hold real tokens (all, unless rows drafted different lengths)."""

@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
+from evals.rows import read_rows
 from semverify.commands import add_decoding_args, non_negative_int, positive_int
 from semverify.engine.coupling import NOISE_KINDS
 from semverify.models import DEFAULT_DRAFT, DEFAULT_TARGET
@@ -163,7 +164,5 @@ def plugin_hint(run_dir: str) -> str:
 
 def kept_rows(args: argparse.Namespace) -> str:
     """What a stopped run over ``--out`` kept (`Command.stopped`): its rows, and how to go on."""
-    from evals.rows import read_rows
-
     rows = len(read_rows(args.out)) if Path(args.out).is_dir() else 0
     return f"{rows} rows kept in {args.out}; rerun the same command to resume"

@@ -13,6 +13,7 @@ from ..engine.argmax import vocab_argmax
 from ..engine.cache import RowCache, RowSubset
 from ..engine.noise import sample_rows
 from ..engine.sampling import Sampler
+from ..engine.step import left_pad
 from ..planner import DraftPlanner
 from ..rules import entropy
 from ..types import Draft, StepOutcome, eos_ids
@@ -250,14 +251,8 @@ class ModelDrafter(BaseDrafter):
         """The first forward's columns [B, W] and which are real: each row's tokens the cache has not seen
         (its sequence, then any draft it resumes), right-aligned so the last column is every row's newest token."""
         device = buffers.tokens.device
-        pending = [torch.cat([seq, buffers.tokens[row, : buffers.lengths[row]].to(seq.device)])[state.fed:]
-                   for row, (seq, state) in enumerate(zip(sequences, self.states))]
-        width = max(len(p) for p in pending)
-        feed = torch.zeros(len(sequences), width, dtype=torch.long, device=device)
-        valid = torch.zeros(len(sequences), width, dtype=torch.bool, device=device)
-        for row, p in enumerate(pending):
-            feed[row, width - len(p) :], valid[row, width - len(p) :] = p, True
-        return feed, valid
+        return left_pad([torch.cat([seq.to(device), buffers.tokens[row, : buffers.lengths[row]]])[state.fed:]
+                         for row, (seq, state) in enumerate(zip(sequences, self.states))])
 
     def _narrowed(self, narrowed: RowSubset | None, active: list[int]) -> RowSubset | None:
         """``narrowed`` (or a new `RowSubset`) feeding only the ``active`` rows once a quarter of the rows fed

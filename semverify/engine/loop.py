@@ -62,9 +62,9 @@ def speculative_generate(
     """
     prompts = prompt_rows(input_ids, attention_mask)
     _check_call(drafter, rule, k, max_new_tokens, len(prompts), streamer)
-    _check_coupling(rule, generator, len(prompts))
-    rows = Rows(prompts, per_row(generator, len(prompts)), input_ids.device,
-                Limits(max_new_tokens, set(eos_ids(eos_token_id)), stopping_criteria))
+    noise = per_row(generator, len(prompts))
+    _check_coupling(rule, noise)
+    rows = Rows(prompts, noise, input_ids.device, Limits(max_new_tokens, set(eos_ids(eos_token_id)), stopping_criteria))
     want_hidden = rule.needs_hidden_states or drafter.needs_target_hidden
     clock = device_clock(input_ids.device, wait=profile)
     drafts, started = row_drafter(drafter, len(rows)), clock()
@@ -142,12 +142,13 @@ def target_forward(target: PreTrainedModel, cache: RowCache, step: Step, want_hi
     new_valid = torch.cat([unseen_valid, draft.mask()], dim=1)
     if not step.all_ready:
         new_valid[[i for i in range(len(new_valid)) if i not in step.ready]] = False  # holes
-    lengths = draft.row_lengths()
-    split = (width_groups([lengths[i] for i in step.ready], unseen.shape[1])  # an accelerator pads cheaply
-             if draft.kind in ("chains", "rows") and not draft.branches and cache.device.type == "cpu" else None)
+    split = None
+    if draft.kind in ("chains", "rows") and not draft.branches and cache.device.type == "cpu":  # a GPU pads cheaply
+        split = width_groups([draft.row_lengths()[i] for i in step.ready], unseen.shape[1])
     if split or not step.all_ready:
         groups = [[step.ready[i] for i in group] for group in split] if split else [step.ready]
-        return grouped_forward(target, cache, ForwardRows(tokens, new_valid, lengths), groups, want_hidden)
+        return grouped_forward(target, cache, ForwardRows(tokens, new_valid, draft.row_lengths()), groups,
+                               want_hidden)
     parents = draft.row_parents() if draft.branches else None  # a tree: its mask (each layer's window), positions
     out = target(**cache.inputs(tokens, new_valid, parents=parents), logits_to_keep=draft.length + 1,
                  output_hidden_states=want_hidden)
@@ -247,9 +248,9 @@ def _check_call(drafter: Drafter, rule: Judge, k: int, max_new_tokens: int, batc
         raise ValueError("a streamer takes one sequence, as in transformers; decode with batch size 1 to stream")
 
 
-def _check_coupling(rule: Judge, noise: Noise, batch: int) -> None:
-    """Refuse coupled noise for a rule that does not say how a coupled run may draw for it."""
-    if any(map(is_coupled, per_row(noise, batch))) and getattr(rule, "coupling", None) is None:
+def _check_coupling(rule: Judge, noise: list[Noise]) -> None:
+    """Refuse coupled noise (``noise``: each row's) for a rule that does not say how a coupled run may draw for it."""
+    if any(map(is_coupled, noise)) and getattr(rule, "coupling", None) is None:
         raise ValueError(f"rule {rule.name!r} cannot run with coupled noise: it states no law (implement "
                          "law(x) -> TokenLaw, and the engine draws for it in every mode), and it did not say that it "
                          "decides from the target's own tokens (target_choices) with drafts drawn apart (set "
